@@ -1,0 +1,61 @@
+# kvpool -- `make help` lists the targets. Everything runs from a virtualenv built from the
+# pinned locks in requirements/ (VENV=... to put it elsewhere, as .ci/run does for caching).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LOCKS := requirements/cpu.lock requirements/dev.lock
+LOCK_HASH := $(shell cat $(LOCKS) | sha256sum | cut -c1-16)
+STAMP := $(VENV)/.kvpool-locks-$(LOCK_HASH)
+# pip's config here names local file indexes; silence its per-package "is ignored" noise only.
+PIP := $(PY) -m pip install --disable-pip-version-check --no-deps -q
+QUIET := 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
+
+.PHONY: help install serve demo test test-fast test-gpu lint format bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): $(LOCKS)
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) -r requirements/cpu.lock -r requirements/dev.lock $(QUIET)
+	touch $(STAMP)
+
+install: $(STAMP) ## create the virtualenv from the locks and install kvpool (editable)
+	$(PIP) -e . $(QUIET)
+
+serve: demo ## set up and run the main job (for now: the elastic-pool demo on the CPU)
+
+demo: install ## a short, real demonstration of the pool: map on demand, shrink, trim, RSS
+	$(PY) -m kvpool.demo
+
+lint: install ## ruff (lint + format check), mypy (strict on kvpool), import contracts
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy kvpool
+	$(VENV)/bin/lint-imports
+
+format: install ## apply ruff's formatting and safe fixes
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+test: install lint ## set up, lint, and run every test that this machine can run
+	$(PY) -m pytest
+
+test-fast: install ## unit tests only (no e2e, no slow)
+	$(PY) -m pytest -m "not e2e and not slow"
+
+test-gpu: install ## on an NVIDIA host: gpu tests + GPU micro-benchmarks -> results/gpu.json
+	PYTHON=$(PY) bench/gpu_check.sh
+
+bench: install ## CPU benchmarks side by side; ratios printed, JSON in results/
+	$(PY) -m bench.bench_pages
+	$(PY) -m bench.bench_alloc
+	$(PY) -m bench.bench_block_copy
+
+clean: ## remove the virtualenv and results
+	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,26 @@
+"""Shared test plumbing: skip ``gpu`` tests (with the reason) where CUDA is absent."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def _cuda_reason() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device on this machine (run `make test-gpu` on a GPU host)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    reason = _cuda_reason()
+    if reason is None:
+        return
+    for item in gpu_items:
+        item.add_marker(pytest.mark.skip(reason=reason))
