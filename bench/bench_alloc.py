@@ -75,8 +75,10 @@ def main() -> None:
     print(f"kvpool : {blocks_moved / t_ours / 1e6:6.2f} M blocks/s ({t_ours * 1e3:.1f} ms)")
     print(f"vLLM   : {blocks_moved / t_vllm / 1e6:6.2f} M blocks/s ({t_vllm * 1e3:.1f} ms)")
     print(f"kvpool time / vLLM BlockPool time: {t_ours / t_vllm:.2f}x (goal <= 1.10x)")
-    write_result("bench_alloc", {"ops": len(trace), "blocks": blocks_moved, "kvpool_s": t_ours, "vllm_s": t_vllm,
-                                 "ratio": t_ours / t_vllm})
+    write_result(
+        "bench_alloc",
+        {"ops": len(trace), "blocks": blocks_moved, "kvpool_s": t_ours, "vllm_s": t_vllm, "ratio": t_ours / t_vllm},
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import heapq
 from kvpool.errors import ConfigError
 from kvpool.layout import PageId
 
-
 _NONE, _PARTIAL, _EMPTY = 0, 1, 2  # allocation categories of a page (heap it is filed in)
 
 

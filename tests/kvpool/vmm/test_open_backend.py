@@ -22,5 +22,5 @@ def test_the_host_backend_opens_with_the_os_page_as_granularity() -> None:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has CUDA; the gpu tests cover it")
 def test_the_cuda_backend_without_a_driver_says_so() -> None:
-    with pytest.raises(BackendUnavailable, match="CUDA|cuda-python"):
+    with pytest.raises(BackendUnavailable, match=r"CUDA|cuda-python"):
         open_backend(BackendKind.CUDA, 1 << 21)
