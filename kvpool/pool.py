@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, PoolExhausted
 from kvpool.layout import BlockId, Geometry, PageId
+from kvpool.limits import Verdict, check_resize_args, classify
 from kvpool.pages import PageState, PageTable
 from kvpool.snapshot import PendingResize, PoolSnapshot, ResizeStatus
 from kvpool.vmm import VMMBackend, open_backend
@@ -171,14 +172,15 @@ class KVPool:
         """Set the physical limit. Revisions are monotonic: older -> STALE, same revision with
         another limit -> CONFLICT, both without change. Shrinks release idle pages now and the
         rest as their blocks are freed (DEFERRED until then)."""
-        self._check_limit(limit_bytes, revision)
+        floor = self.geometry.page_physical_bytes if self._null else 0
+        check_resize_args(limit_bytes, revision, floor, self.geometry.total_bytes)
         with self._lock:
-            current = self._pending.revision
-            if revision < current or (revision == current and limit_bytes != self._requested_limit):
-                status = ResizeStatus.STALE if revision < current else ResizeStatus.CONFLICT
+            verdict = classify(self._pending.revision, self._requested_limit, limit_bytes, revision)
+            if verdict in (Verdict.STALE, Verdict.CONFLICT):
+                status = ResizeStatus(verdict.value)
                 self._resizes[status.value] += 1
                 return self._resize_result(status)
-            if revision > current:
+            if verdict is Verdict.NEW:
                 self._requested_limit = limit_bytes
                 self._limit_pages = self._table.limit_pages = self._pages_for(limit_bytes)
                 self._converge()
@@ -261,19 +263,6 @@ class KVPool:
 
     def _pages_for(self, limit_bytes: int) -> int:
         return limit_bytes // self.geometry.page_physical_bytes
-
-    def _check_limit(self, limit_bytes: int, revision: int) -> None:
-        for name, v in (("limit_bytes", limit_bytes), ("revision", revision)):
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise ConfigError(f"{name} must be an integer, got {type(v).__name__}")
-        floor = self.geometry.page_physical_bytes * (1 if self._null else 0)
-        if not floor <= limit_bytes <= self.geometry.total_bytes:
-            raise ConfigError(
-                f"limit_bytes={limit_bytes} must be between {floor} (one page) and the virtual size "
-                f"{self.geometry.total_bytes}"
-            )
-        if revision < 0:
-            raise ConfigError(f"revision must be >= 0, got {revision}")
 
     def _limit_status(self) -> ResizeStatus:
         over = self._table.physical_pages > self._limit_pages

