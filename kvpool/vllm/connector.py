@@ -54,7 +54,8 @@ class KVPoolConnector(KVConnectorBase_V1):
         self.scheduler: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         self._control: ControlServer | None = None
-        self._demand = False
+        self._demand = 0  # blocks the largest waiting request of this step needs
+        self._block_size = geometry.shape.block_size
         if role is KVConnectorRole.SCHEDULER:
             sched = vllm_config.scheduler_config
             # half a step's worth of prefill blocks: a burst beyond that waits one step for its pages
@@ -116,7 +117,10 @@ class KVPoolConnector(KVConnectorBase_V1):
             self.scheduler.bind(gpu_block_pool)
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
-        self._demand = True  # a waiting request is being considered: map ahead if blocks run short
+        # A waiting request is being considered: make sure its whole prompt can get blocks, even
+        # if that is more than the grow-ahead margin (vLLM will not schedule a partial prompt).
+        need = -(-max(request.num_tokens - num_computed_tokens, 1) // self._block_size)
+        self._demand = max(self._demand, need)
         return 0, False
 
     def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
@@ -124,7 +128,7 @@ class KVPoolConnector(KVConnectorBase_V1):
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         assert self.scheduler is not None
-        demand, self._demand = self._demand, False
+        demand, self._demand = self._demand, 0
         return PoolMetadata(self.scheduler.step(scheduler_output.total_num_scheduled_tokens, demand))
 
     def update_connector_output(self, connector_output: KVConnectorOutput) -> None:

@@ -86,12 +86,14 @@ class SchedulerSide:
 
     # ---- the engine thread's entry points ----------------------------------------------------
 
-    def step(self, scheduled_tokens: int, demand: bool) -> list[PageCommand]:
-        """Once per scheduler step: serve control requests, drain, grow; return the commands."""
+    def step(self, scheduled_tokens: int, demand_blocks: int) -> list[PageCommand]:
+        """Once per scheduler step: serve control requests, drain, grow; return the commands.
+
+        ``demand_blocks``: blocks the largest waiting request needs (0 when none waits)."""
         self.serve_mailbox()
         self._drain()
-        if demand or scheduled_tokens:
-            self._grow()
+        if demand_blocks or scheduled_tokens:
+            self._grow(demand_blocks)
         out, self.outbox = self.outbox, []
         self.inflight.update((c.seq, c) for c in out)
         return out
@@ -209,9 +211,13 @@ class SchedulerSide:
         self._seq += 1
         self.outbox.append(PageCommand(self._seq, page, op))
 
-    def _grow(self) -> None:
+    def _grow(self, demand_blocks: int) -> None:
         free = self.block_pool.get_num_free_blocks()
-        want = self.grow_ahead - free - self.table.count(PageState.RESERVE) * self.geometry.blocks_per_page
+        want = (
+            max(self.grow_ahead, demand_blocks)
+            - free
+            - self.table.count(PageState.RESERVE) * self.geometry.blocks_per_page
+        )
         while want > 0 and self._physical_pages() < self.table.limit_pages:
             page = self.table.unmapped_page()
             if page is None:

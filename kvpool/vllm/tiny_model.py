@@ -12,6 +12,7 @@ import argparse
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
@@ -123,8 +124,8 @@ def build_tiny_model(out: Path, *, seed: int = 0, vocab_size: int = 2048) -> Pat
         initializer_range=0.5,  # large random weights: outputs depend on the prompt, not one token
         dtype="bfloat16",
     )
-    model = LlamaForCausalLM(config).to(dtype=torch.bfloat16)
-    model.save_pretrained(out)
+    model: Any = LlamaForCausalLM(config)  # transformers' stubs mistype nn.Module.to
+    model.to(torch.bfloat16).save_pretrained(out)
     (out / _MARKER).write_text(json.dumps({"seed": seed, "vocab_size": vocab_size}) + "\n")
     return out
 

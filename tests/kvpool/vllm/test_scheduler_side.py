@@ -1,0 +1,166 @@
+"""Scheduler half over vLLM's real BlockPool: withheld blocks are never handed out, pages are
+granted only after every rank acknowledged the map, shrinks drain pages as blocks free, and the
+invariants hold after every step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvpool import ConfigError, Geometry, KVLayout, ModelShape
+from kvpool.vllm.integrity import check_engine_pool
+from kvpool.vllm.protocol import PageCommand, PageOp, PoolWorkerMetadata
+from kvpool.vllm.scheduler_side import SchedulerSide
+from kvpool.vllm.settings import ConnectorSettings
+
+pytestmark = pytest.mark.slow  # imports vLLM (~10 s once per session)
+
+SHAPE = ModelShape(num_layers=2, num_kv_heads=1, head_dim=64, dtype_bytes=2, block_size=32)  # 8 KiB blocks
+PAGE = 32 << 10  # per layer region: 4 blocks per page
+
+
+def make_side(limit_pages: int = 4, pages: int = 16, grow_ahead: int = 4) -> SchedulerSide:
+    from vllm.v1.core.block_pool import BlockPool
+
+    geo = Geometry(SHAPE, KVLayout.PER_LAYER, num_blocks=pages * 4, page_bytes=PAGE)
+    settings = ConnectorSettings(limit_bytes=limit_pages * geo.page_physical_bytes, page_bytes=PAGE)
+    side = SchedulerSide(settings, geo, grow_ahead=grow_ahead)
+    side.bind(BlockPool(num_gpu_blocks=geo.num_blocks, enable_caching=True, hash_block_size=32))
+    return side
+
+
+def ack(side: SchedulerSide, commands: list[PageCommand], failed: dict[int, str] | None = None) -> None:
+    failed = failed or {}
+    side.on_worker_output(PoolWorkerMetadata(frozenset(c.seq for c in commands) - set(failed), failed))
+
+
+def run_step(side: SchedulerSide, demand: bool = True) -> list[PageCommand]:
+    cmds = side.step(scheduled_tokens=int(demand), demand_blocks=int(demand))
+    ack(side, cmds)
+    check_engine_pool(side)
+    return cmds
+
+
+def test_only_page_zero_is_offered_at_start() -> None:
+    side = make_side()
+    assert side.block_pool.get_num_free_blocks() == 3  # page 0 minus the null block
+    assert len(side.withheld) == 60
+    check_engine_pool(side)
+
+
+def test_pages_are_granted_only_after_the_map_is_acknowledged() -> None:
+    side = make_side(grow_ahead=8)
+    cmds = side.step(scheduled_tokens=1, demand_blocks=1)
+    assert [(c.page, c.op) for c in cmds] == [(1, PageOp.MAP), (2, PageOp.MAP)]
+    assert side.block_pool.get_num_free_blocks() == 3  # not yet acknowledged: still withheld
+    ack(side, cmds)
+    assert side.block_pool.get_num_free_blocks() == 11
+    got = side.block_pool.get_new_blocks(11)
+    assert sorted(b.block_id for b in got) == list(range(1, 12))  # never a withheld block
+    check_engine_pool(side)
+
+
+def test_growth_stops_at_the_limit_and_without_demand() -> None:
+    side = make_side(limit_pages=3, grow_ahead=100)
+    assert run_step(side, demand=False) == []
+    run_step(side)
+    assert side.table.physical_pages == 3
+    assert run_step(side) == []
+
+
+def test_a_failed_map_is_undone_on_every_rank_and_its_blocks_stay_withheld() -> None:
+    side = make_side(grow_ahead=4)
+    cmds = side.step(scheduled_tokens=1, demand_blocks=1)
+    ack(side, cmds, failed={cmds[0].seq: "mmap refused"})
+    assert side.errors == ["map page 1: mmap refused"]
+    undo = side.step(scheduled_tokens=0, demand_blocks=0)
+    assert [(c.page, c.op) for c in undo] == [(1, PageOp.UNMAP)]
+    ack(side, undo)
+    assert side.block_pool.get_num_free_blocks() == 3
+    check_engine_pool(side)
+
+
+def test_a_shrink_below_used_pages_is_deferred_until_their_blocks_free() -> None:
+    side = make_side(limit_pages=8, grow_ahead=28)
+    run_step(side)
+    bp = side.block_pool
+    held = bp.get_new_blocks(bp.get_num_free_blocks())  # every mapped block in use
+    reply = side.resize(2 * side.page_bytes, revision=1)
+    assert reply["status"] == "deferred"
+    run_step(side)
+    assert side.snapshot().pending.status.value == "deferred"
+    bp.free_blocks(held)
+    run_step(side)  # drain: blocks withheld, unmaps sent and acknowledged
+    snap = side.snapshot()
+    assert snap.pending.status.value == "applied"
+    assert snap.mapped_bytes <= 2 * side.page_bytes
+    check_engine_pool(side)
+
+
+def test_trim_releases_idle_pages_and_evicts_their_cached_blocks() -> None:
+    side = make_side(limit_pages=8, grow_ahead=28)
+    run_step(side)
+    bp = side.block_pool
+    blocks = bp.get_new_blocks(6)
+    bp.free_blocks(blocks)
+    side.trim()
+    run_step(side, demand=False)
+    assert side.snapshot().mapped_bytes == side.page_bytes  # only the null block's page
+    check_engine_pool(side)
+
+
+def test_stale_and_conflicting_resizes_change_nothing() -> None:
+    side = make_side()
+    assert side.resize(3 * side.page_bytes, 2)["status"] == "applied"
+    assert side.resize(5 * side.page_bytes, 1)["status"] == "stale"
+    assert side.resize(5 * side.page_bytes, 2)["status"] == "conflict"
+    assert side.snapshot().limit_bytes == 3 * side.page_bytes
+    with pytest.raises(ConfigError, match="limit_bytes"):
+        side.resize(-5, 3)
+
+
+def test_control_requests_are_served_from_the_mailbox_on_the_engine_thread() -> None:
+    from kvpool.vllm.scheduler_side import ControlRequest
+
+    side = make_side()
+    req = ControlRequest("resize", {"limit_bytes": 2 * side.page_bytes, "revision": 7})
+    side.mailbox.put(req)
+    assert not req.reply.done()
+    side.has_work()  # what vLLM's idle loop calls
+    assert req.reply.result(timeout=1)["status"] == "applied"
+    bad = ControlRequest("explode")
+    side.mailbox.put(bad)
+    side.has_work()
+    with pytest.raises(ValueError, match="unknown control operation"):
+        bad.reply.result(timeout=1)
+
+
+def settings_cases() -> list[tuple[dict[str, Any], str]]:
+    return [
+        ({}, "limit_bytes is required"),
+        ({"limit_bytes": 1, "bogus": 2}, "unknown kvpool settings"),
+        ({"limit_bytes": "big"}, "limit_bytes must be an integer"),
+        ({"limit_bytes": 1, "page_bytes": 1000}, "page_bytes=1000"),
+        ({"limit_bytes": 1, "backend": "tpu"}, "bad kvpool setting"),
+        ({"limit_bytes": 1, "backend": "cuda", "page_bytes": 65536}, "multiple of 2 MiB"),
+    ]
+
+
+@pytest.mark.parametrize(("raw", "message"), settings_cases())
+def test_bad_connector_settings_name_the_key(raw: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        ConnectorSettings.from_extra({"kvpool": raw})
+
+
+def test_settings_round_trip_through_the_connector_json() -> None:
+    s = ConnectorSettings(limit_bytes=1 << 20, control_address="kvpool-x", model="m")
+    assert ConnectorSettings.from_extra(s.to_extra()) == s
+
+
+def test_a_waiting_request_larger_than_the_margin_gets_all_its_pages_in_one_step() -> None:
+    side = make_side(limit_pages=16, grow_ahead=4)
+    cmds = side.step(scheduled_tokens=0, demand_blocks=30)  # a long prompt waits for 30 blocks
+    ack(side, cmds)
+    assert side.block_pool.get_num_free_blocks() >= 30
+    check_engine_pool(side)
