@@ -126,8 +126,8 @@ def test_a_prompt_longer_than_the_model_allows_is_a_clear_error(engine: Any) -> 
 
 def test_prefix_caching_still_hits(engine: Any) -> None:
     shared = prompts(1, 256, seed=7)[0]
-    engine.generate([shared + [11, 12]], greedy(4))
-    second = engine.generate([shared + [13, 14]], greedy(4))[0]
+    engine.generate([[*shared, 11, 12]], greedy(4))
+    second = engine.generate([[*shared, 13, 14]], greedy(4))[0]
     assert second.num_cached_tokens >= 224
 
 

@@ -1,0 +1,92 @@
+"""Our engine (KV cache in a kvpool) vs stock vLLM: same tiny model, same workload, same run.
+
+Only one engine is up at a time (an idle vLLM worker keeps polling its queue -- about a third of
+a core here -- and on two cores that would tax whichever engine runs beside it); the engines
+take turns in alternating order (A B, B A, ...), each serving several rounds; medians per engine.
+Prints throughput and TTFT ratios (goal:
+within 3%) and writes results/bench_engine.json. Run: ``python -m bench.bench_engine``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.common import write_result
+
+MiB = 1 << 20
+
+
+def workload(n: int, prompt_tokens: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 2000) for _ in range(prompt_tokens)] for _ in range(n)]
+
+
+def one_round(runner: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    out = runner.generate(prompts, params)
+    wall = time.perf_counter() - start
+    ttfts = sorted(c.ttft_s for c in out)
+    return {
+        "tokens_per_s": sum(len(c.token_ids) for c in out) / wall,
+        "ttft_p50_s": ttfts[len(ttfts) // 2],
+        "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))],
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--requests", type=int, default=64)
+    p.add_argument("--prompt-tokens", type=int, default=256)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3, help="measured rounds per turn")
+    p.add_argument("--turns", type=int, default=2, help="times each engine is started")
+    p.add_argument("--trim", action="store_true", help="trim the pool before each round (measures regrowth)")
+    args = p.parse_args(argv)
+    from kvpool.vllm.args import PoolEngineConfig
+    from kvpool.vllm.runner import EngineRunner
+    from kvpool.vllm.tiny_model import build_tiny_model
+
+    model = str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
+    makers = {
+        "stock": lambda: EngineRunner(model, None, max_model_len=2048, kv_cache_memory_bytes=512 * MiB),
+        "kvpool": lambda: EngineRunner(
+            model, PoolEngineConfig(model=model, limit_bytes=512 * MiB, virtual_bytes=2048 * MiB), max_model_len=2048
+        ),
+    }
+    rounds: dict[str, list[dict[str, float]]] = {k: [] for k in makers}
+    for turn in range(args.turns):
+        for name in list(makers) if turn % 2 == 0 else list(makers)[::-1]:
+            runner = makers[name]()
+            try:
+                one_round(runner, workload(8, args.prompt_tokens), 8)  # warm-up, not counted
+                for i in range(args.rounds):
+                    if args.trim and name == "kvpool":
+                        runner.call("trim")
+                    prompts = workload(args.requests, args.prompt_tokens, seed=i + 1)
+                    rounds[name].append(one_round(runner, prompts, args.max_tokens))
+            finally:
+                runner.close()
+    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rounds.items()}
+    ratios = {m: med["kvpool"][m] / med["stock"][m] for m in med["stock"]}
+    for name, m in med.items():
+        print(
+            f"{name:>7}: {m['tokens_per_s']:8.0f} tok/s  TTFT p50 {m['ttft_p50_s'] * 1e3:7.1f} ms  "
+            f"p99 {m['ttft_p99_s'] * 1e3:7.1f} ms"
+        )
+    print("kvpool / stock: " + "  ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
+    write_result(
+        "bench_engine", {"args": vars(args), "median": med, "ratio_kvpool_over_stock": ratios, "rounds": rounds}
+    )
+
+
+if __name__ == "__main__":
+    main()
