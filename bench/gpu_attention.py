@@ -26,7 +26,7 @@ import triton.language as tl
 from kvpool import Geometry, KVLayout, ModelShape
 
 
-@triton.jit
+@triton.jit  # constexpr parameters are upper case by Triton convention
 def _decode_attention(
     q_ptr, kv_ptr, table_ptr, lens_ptr, out_ptr,
     layer_off, block_stride, n_stride, h_stride, max_blocks, scale,
