@@ -19,16 +19,17 @@ QUIET := 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
-$(STAMP): $(LOCKS)
+$(STAMP):  # no file prerequisites: the name already carries the locks' hash (clones have new mtimes)
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) -r requirements/cpu.lock -r requirements/dev.lock $(QUIET)
 	touch $(STAMP)
 
-install: $(STAMP) ## create the virtualenv from the locks and install kvpool (editable)
-	$(PIP) -e . $(QUIET)
+install: $(STAMP) ## create the virtualenv from the locks and install kvpool + server (editable)
+	$(PIP) -e . -e server $(QUIET)
 
-serve: demo ## set up and run the main job (for now: the elastic-pool demo on the CPU)
+serve: install ## set up and serve the embedded tiny model on the CPU: OpenAI API on 127.0.0.1:8000
+	$(PY) -m kvpool_server $(ARGS)
 
 demo: install ## a short, real demonstration of the pool: map on demand, shrink, trim, RSS
 	$(PY) -m kvpool.demo
@@ -36,7 +37,7 @@ demo: install ## a short, real demonstration of the pool: map on demand, shrink,
 lint: install ## ruff (lint + format check), mypy (strict on kvpool), import contracts
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy kvpool
+	$(PY) -m mypy kvpool server/kvpool_server
 	$(VENV)/bin/lint-imports
 
 format: install ## apply ruff's formatting and safe fixes

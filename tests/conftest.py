@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -24,3 +26,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     for item in gpu_items:
         item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random-weight model, built locally once per session (no downloads)."""
+    from kvpool.vllm.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")

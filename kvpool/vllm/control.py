@@ -123,7 +123,15 @@ class AsyncControlClient:
             raise EngineUnavailable(f"kvpool engine at {self.address!r} did not answer: {e!r}") from e
 
     async def _call(self, op: str, args: dict[str, Any]) -> Any:
-        reader, writer = await asyncio.open_unix_connection(self._path)
+        # Connect the socket ourselves: uvloop's open_unix_connection(path) rejects abstract names.
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await asyncio.get_running_loop().sock_connect(sock, self._path)
+        except BaseException:
+            sock.close()
+            raise
+        reader, writer = await asyncio.open_unix_connection(sock=sock)
         try:
             writer.write(json.dumps({"op": op, "args": args}).encode() + b"\n")
             await writer.drain()

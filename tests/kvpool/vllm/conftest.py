@@ -7,14 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpool.vllm.tiny_model import build_tiny_model
-
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 
 
 @pytest.fixture(scope="session")

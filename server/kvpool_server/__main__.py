@@ -1,0 +1,3 @@
+from kvpool_server.cli import main
+
+main()

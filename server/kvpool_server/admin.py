@@ -1,0 +1,118 @@
+"""The pool admin API (DESIGN.md "Pool admin API"): the operator's only lever.
+
+    GET  /kvpool        -> the PoolSnapshot (plus demand signals from vLLM's own metrics)
+    PUT  /kvpool/limit  {"limit_bytes": N, "revision": R} -> applied | deferred | stale | conflict
+    POST /kvpool/trim   -> release idle pages now
+
+Bearer-token protected when a token is configured. Errors are 4xx with a message that says what
+to fix (422: the body; 400: a value the pool refuses), 503 when the engine does not answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
+from kvpool import ConfigError, KVPoolError
+from kvpool.vllm.control import AsyncControlClient, EngineUnavailable
+from kvpool_server.metrics import ResizeTimer
+
+log = logging.getLogger("kvpool_server.admin")
+
+
+class LimitRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    limit_bytes: StrictInt = Field(ge=0, description="new physical KV limit in bytes (whole pages are used)")
+    revision: StrictInt = Field(
+        ge=0, description="monotonic per pool: older = stale, same with another limit = conflict"
+    )
+
+
+class PoolAdmin:
+    """Holds what the routes need: the control client, the demand reader and the resize timer."""
+
+    def __init__(
+        self,
+        control: AsyncControlClient,
+        timer: ResizeTimer,
+        demand: Callable[[], dict[str, int]],
+        token: str | None,
+    ) -> None:
+        self.control, self.timer, self.demand, self.token = control, timer, demand, token
+
+    async def call(self, op: str, **args: Any) -> Any:
+        try:
+            return await self.control.call(op, **args)
+        except ConfigError as e:
+            raise HTTPException(400, detail=str(e)) from e
+        except EngineUnavailable as e:
+            raise HTTPException(503, detail=f"the engine is not answering: {e}") from e
+        except KVPoolError as e:
+            raise HTTPException(500, detail=str(e)) from e
+
+    async def snapshot(self) -> dict[str, Any]:
+        snap: dict[str, Any] = await self.call("snapshot")
+        snap["demand"] = self.demand()
+        self.timer.seen(snap)
+        return snap
+
+
+def _authorize(admin: PoolAdmin) -> Callable[..., Awaitable[None]]:
+    async def check(authorization: Annotated[str | None, Header()] = None) -> None:
+        if admin.token is None:
+            return
+        if not authorization or not authorization.startswith("Bearer "):
+            raise HTTPException(
+                401,
+                detail="missing bearer token: send 'Authorization: Bearer <admin token>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        if not secrets.compare_digest(authorization.removeprefix("Bearer ").strip(), admin.token):
+            raise HTTPException(403, detail="wrong admin token")
+
+    return check
+
+
+def admin_router(admin: PoolAdmin) -> APIRouter:
+    router = APIRouter(prefix="/kvpool", tags=["kvpool"], dependencies=[Depends(_authorize(admin))])
+
+    @router.get("", summary="The pool's snapshot")
+    async def get_snapshot() -> dict[str, Any]:
+        return await admin.snapshot()
+
+    @router.put("/limit", summary="Set the physical KV limit")
+    async def put_limit(body: LimitRequest, request: Request) -> dict[str, Any]:
+        before = (await admin.call("snapshot"))["limit_bytes"]
+        start = time.monotonic()
+        result: dict[str, Any] = await admin.call("resize", limit_bytes=body.limit_bytes, revision=body.revision)
+        direction = "grow" if body.limit_bytes >= before else "shrink"
+        admin.timer.answered(body.revision, direction, result["status"], time.monotonic() - start)
+        log.info(
+            "resize",
+            extra={
+                "limit_bytes": body.limit_bytes,
+                "revision": body.revision,
+                **result,
+                "request_id": request.headers.get("x-request-id"),
+            },
+        )
+        return result
+
+    @router.get("/integrity", summary="Run the pool's check_integrity() in the engine")
+    async def get_integrity() -> dict[str, bool]:
+        await admin.call("check")  # a broken invariant is a 500 with the numbers in the message
+        return {"ok": True}
+
+    @router.post("/trim", summary="Release idle pages now")
+    async def post_trim() -> dict[str, Any]:
+        result: dict[str, Any] = await admin.call("trim")
+        return result
+
+    return router

@@ -1,0 +1,113 @@
+"""``kvpool-server`` / ``python -m kvpool_server``: parse settings, build vLLM's arguments with
+the pool's connector, and serve until SIGTERM (in-flight requests get ``--grace-period-s``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+from pydantic_settings import CliApp
+
+from kvpool import ConfigError
+from kvpool.vllm.args import PoolEngineConfig
+from kvpool.vmm.base import BackendKind
+from kvpool_server.logs import configure_logging
+from kvpool_server.settings import ServerSettings
+
+log = logging.getLogger("kvpool_server")
+
+
+def parse_settings(argv: list[str]) -> ServerSettings:
+    """Flags and KVPOOL_* environment; a bad value exits with the option's name."""
+    try:
+        return CliApp.run(ServerSettings, cli_args=argv)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            field = str(err["loc"][0]) if err["loc"] else "settings"
+            flag = "--" + field.replace("_", "-")
+            lines.append(f"{flag} (env KVPOOL_{field.upper()}): {err['msg']}")
+        sys.exit("kvpool-server: error: " + "; ".join(lines))
+
+
+def pool_config(settings: ServerSettings, model: str) -> PoolEngineConfig:
+    return PoolEngineConfig(
+        model=model,
+        limit_bytes=settings.limit_bytes,
+        virtual_bytes=settings.virtual_bytes,
+        backend=BackendKind(settings.backend),
+        block_size=settings.block_size,
+        page_bytes=settings.page_bytes,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        served_name=settings.served_model_name,
+    )
+
+
+def vllm_argv(settings: ServerSettings, pool: PoolEngineConfig) -> list[str]:
+    argv = [
+        "--model", pool.model,
+        "--served-model-name", pool.settings().model,
+        "--host", settings.host,
+        "--port", str(settings.port),
+        "--max-model-len", str(settings.max_model_len),
+        "--shutdown-timeout", str(int(settings.grace_period_s)),
+        "--enable-request-id-headers",
+        *pool.cli_args(),
+    ]  # fmt: skip
+    if settings.enforce_eager:
+        argv.append("--enforce-eager")
+    if settings.api_key is not None:
+        argv += ["--api-key", settings.api_key.get_secret_value()]
+    return argv + shlex.split(settings.vllm_args)
+
+
+def resolve_model(settings: ServerSettings) -> str:
+    if settings.model:
+        return settings.model
+    from kvpool.vllm.tiny_model import build_tiny_model
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the embedded model never needs the hub
+    return str(build_tiny_model(Path(settings.model_cache) / "tiny-model"))
+
+
+async def serve(settings: ServerSettings, pool: PoolEngineConfig, args: argparse.Namespace) -> None:
+    from kvpool.vllm import openai as vllm_openai
+    from kvpool_server.app import build_app
+
+    _, sock = vllm_openai.listen_socket(args)
+    async with vllm_openai.engine_client(args) as client:
+        app = await build_app(settings, pool, args, client)
+        shutdown = await vllm_openai.serve(app, sock, args, timeout_graceful_shutdown=settings.grace_period_s)
+    try:
+        await shutdown
+    finally:
+        sock.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(sys.argv[1:] if argv is None else argv)
+    configure_logging(settings.log_json)
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    try:
+        pool = pool_config(settings, resolve_model(settings))
+        os.environ.update(pool.env())
+        from kvpool.vllm.openai import parse_serve_args
+
+        args = parse_serve_args(vllm_argv(settings, pool))
+    except ConfigError as e:
+        sys.exit(f"kvpool-server: error: {e}")
+    log.info("serving %s on %s:%d (kvpool control %s)", pool.model, settings.host, settings.port,
+             pool.control_address)  # fmt: skip
+    import uvloop
+
+    uvloop.run(serve(settings, pool, args))
+
+
+if __name__ == "__main__":
+    main()

