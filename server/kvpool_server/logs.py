@@ -19,3 +19,11 @@ def configure_logging(json_lines: bool) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
+    # Our own records never depend on the root: vLLM and uvicorn reconfigure logging while the
+    # engine and the HTTP server start (seen: records of later loggers vanished).
+    for name in ("kvpool", "kvpool_server"):
+        ours = logging.getLogger(name)
+        ours.handlers[:] = [handler]
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+        ours.disabled = False

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 TOKEN = "test-admin-token"
+API_KEY = "sk-test-openai-key"
 
 
 @dataclass
@@ -69,6 +70,6 @@ def stop_server(server: Server, grace: float = 60) -> int:
 
 @pytest.fixture(scope="session")
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(tiny_model, tmp_path_factory.mktemp("server"))
+    s = start_server(tiny_model, tmp_path_factory.mktemp("server"), "--api-key", API_KEY, "--log-json", "true")
     yield s
     stop_server(s)

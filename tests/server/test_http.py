@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.conftest import TOKEN, Server
+from tests.server.conftest import API_KEY, TOKEN, Server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -30,7 +31,7 @@ _revision = itertools.count(100)
 def openai_client(server: Server) -> Any:
     import openai
 
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY)
 
 
 def metrics(server: Server) -> dict[str, Any]:
@@ -167,7 +168,7 @@ def test_64_streams_survive_a_limit_cut_and_restore_without_leaks(server: Server
         return tokens
 
     async def scenario() -> list[int]:
-        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
         tasks = [asyncio.create_task(stream(client, i)) for i in range(64)]
         async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"},
                                      timeout=60) as admin:  # fmt: skip
@@ -183,3 +184,28 @@ def test_64_streams_survive_a_limit_cut_and_restore_without_leaks(server: Server
     admin = server.admin()
     assert admin.get("/kvpool/integrity").json() == {"ok": True}
     assert admin.get("/kvpool").json()["used_blocks"] == 0
+
+
+def test_openai_routes_keep_vllms_api_key_and_admin_routes_their_own_token(server: Server) -> None:
+    assert httpx.get(server.url + "/v1/models").status_code == 401
+    assert httpx.get(server.url + "/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).status_code == 200
+    assert server.admin(API_KEY).get("/kvpool").status_code == 403  # the API key is not the admin token
+    assert httpx.get(server.url + "/metrics").status_code == 200  # scrapes need no credentials
+    assert httpx.get(server.url + "/livez").json() == {"alive": True}
+
+
+def test_requests_carry_ids_and_logs_are_json_lines(server: Server) -> None:
+    r = httpx.post(
+        server.url + "/v1/completions", json={"model": MODEL, "prompt": "ids", "max_tokens": 2},
+        headers={"Authorization": f"Bearer {API_KEY}", "X-Request-Id": "req-42"}, timeout=60,
+    )  # fmt: skip
+    assert r.headers["x-request-id"] == "req-42"
+    rev = next(_revision)
+    server.admin().put(
+        "/kvpool/limit", json={"limit_bytes": 256 * MiB, "revision": rev}, headers={"X-Request-Id": "r7"}
+    )
+    records = [json.loads(line) for line in server.log.read_text().splitlines() if line.startswith("{")]
+    resize = [r for r in records if r.get("message") == "resize" and r.get("revision") == rev]
+    assert resize, "no JSON log record for the resize"
+    assert resize[0]["request_id"] == "r7"
+    assert {"asctime", "levelname", "name"} <= set(resize[0])
