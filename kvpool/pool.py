@@ -301,7 +301,7 @@ class KVPool:
     def _map_reserve_page(self) -> PageId:
         page = self._table.unmapped_page()
         assert page is not None  # callers check first
-        self._map_ranges(page)
+        self.backend.map_all(self.geometry.page_ranges(page))
         self._table.set_state(page, PageState.RESERVE)
         return page
 
@@ -317,17 +317,6 @@ class KVPool:
         for b in blocks:
             self._state[b] = _FREE
         self._table.set_state(page, PageState.MAPPED)
-
-    def _map_ranges(self, page: PageId) -> None:
-        done = []
-        try:
-            for r in self.geometry.page_ranges(page):
-                self.backend.map(r.offset, r.length)
-                done.append(r)
-        except BaseException:
-            for r in done:
-                self.backend.unmap(r.offset, r.length)
-            raise
 
     def _release(self, page: PageId) -> None:
         """Evict the page's cached blocks (hook first), then unmap it."""

@@ -95,18 +95,9 @@ class WorkerSide:
             self._mapped.discard(page)
 
     def _apply_map(self, page: PageId) -> None:
-        if page in self._mapped:
-            return
-        done = []
-        try:
-            for r in self.geometry.page_ranges(page):
-                self.backend.map(r.offset, r.length)
-                done.append(r)
-        except BaseException:
-            for r in done:
-                self.backend.unmap(r.offset, r.length)
-            raise
-        self._mapped.add(page)
+        if page not in self._mapped:
+            self.backend.map_all(self.geometry.page_ranges(page))
+            self._mapped.add(page)
 
     def take_results(self) -> PoolWorkerMetadata | None:
         if not self._done and not self._failed:

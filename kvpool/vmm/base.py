@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from kvpool.errors import ConfigError
@@ -116,6 +117,18 @@ class VMMBackend(ABC):
                 raise ConfigError(f"unmap({offset}, {length}): granule {idle[0]} is not mapped")
             self._unmap_range(offset, length)
             self._mapped.difference_update(granules)
+
+    def map_all(self, ranges: Iterable[tuple[int, int]]) -> None:
+        """Map several ``(offset, length)`` ranges as one: on failure the ones done are unmapped."""
+        done: list[tuple[int, int]] = []
+        try:
+            for offset, length in ranges:
+                self.map(offset, length)
+                done.append((offset, length))
+        except BaseException:
+            for offset, length in done:
+                self.unmap(offset, length)
+            raise
 
     def is_mapped(self, offset: int) -> bool:
         """Whether the granule holding byte ``offset`` is backed."""

@@ -95,3 +95,16 @@ def test_mapping_twice_or_unmapping_an_unmapped_range_is_refused() -> None:
         assert backend.mapped_bytes == 8192
     finally:
         backend.close()
+
+
+def test_map_all_maps_every_range_or_none() -> None:
+    backend = HostBackend(4 * MiB)
+    try:
+        backend.map_all([(0, 4096), (8192, 4096)])
+        assert backend.mapped_bytes == 8192
+        with pytest.raises(ConfigError, match="already mapped"):
+            backend.map_all([(16384, 4096), (8192, 4096)])  # the second is taken: roll back the first
+        assert backend.mapped_bytes == 8192
+        assert not backend.is_mapped(16384)
+    finally:
+        backend.close()
