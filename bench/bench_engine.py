@@ -42,6 +42,19 @@ def one_round(runner: Any, prompts: list[list[int]], max_tokens: int) -> dict[st
     }
 
 
+def report(rounds: dict[str, list[dict[str, float]]], args: dict[str, Any]) -> None:
+    """Medians per engine, kvpool / stock ratios, and the JSON result."""
+    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rounds.items()}
+    ratios = {m: med["kvpool"][m] / med["stock"][m] for m in med["stock"]}
+    for name, m in med.items():
+        print(
+            f"{name:>7}: {m['tokens_per_s']:8.0f} tok/s  TTFT p50 {m['ttft_p50_s'] * 1e3:7.1f} ms  "
+            f"p99 {m['ttft_p99_s'] * 1e3:7.1f} ms"
+        )
+    print("kvpool / stock: " + "  ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
+    write_result("bench_engine", {"args": args, "median": med, "ratio_kvpool_over_stock": ratios, "rounds": rounds})
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=64)
@@ -75,17 +88,7 @@ def main(argv: list[str] | None = None) -> None:
                     rounds[name].append(one_round(runner, prompts, args.max_tokens))
             finally:
                 runner.close()
-    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rounds.items()}
-    ratios = {m: med["kvpool"][m] / med["stock"][m] for m in med["stock"]}
-    for name, m in med.items():
-        print(
-            f"{name:>7}: {m['tokens_per_s']:8.0f} tok/s  TTFT p50 {m['ttft_p50_s'] * 1e3:7.1f} ms  "
-            f"p99 {m['ttft_p99_s'] * 1e3:7.1f} ms"
-        )
-    print("kvpool / stock: " + "  ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
-    write_result(
-        "bench_engine", {"args": vars(args), "median": med, "ratio_kvpool_over_stock": ratios, "rounds": rounds}
-    )
+    report(rounds, vars(args))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -79,6 +80,18 @@ async def drive(url: str, model: str, prompts: list[list[int]], max_tokens: int)
     }
 
 
+def report(rounds: dict[str, list[dict[str, float]]], args: dict[str, Any]) -> None:
+    """Medians per engine, kvpool / stock ratios, and the JSON result."""
+    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rounds.items()}
+    ratios = {m: med["kvpool"][m] / med["stock"][m] for m in med["stock"]}
+    for name, m in med.items():
+        print(f"{name:>7}: {m['requests_per_s']:6.1f} req/s {m['tokens_per_s']:7.0f} tok/s  "
+              f"TTFT p50 {m['ttft_p50_s'] * 1e3:7.1f} ms  p99 {m['ttft_p99_s'] * 1e3:7.1f} ms")  # fmt: skip
+    print("kvpool / stock: " + "  ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
+    write_result("bench_server", {"args": args, "median": med, "ratio_kvpool_over_stock": ratios,
+                                  "rounds": rounds})  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=64)
@@ -116,14 +129,7 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 proc.terminate()
                 proc.wait(timeout=120)
-    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rounds.items()}
-    ratios = {m: med["kvpool"][m] / med["stock"][m] for m in med["stock"]}
-    for name, m in med.items():
-        print(f"{name:>7}: {m['requests_per_s']:6.1f} req/s {m['tokens_per_s']:7.0f} tok/s  "
-              f"TTFT p50 {m['ttft_p50_s'] * 1e3:7.1f} ms  p99 {m['ttft_p99_s'] * 1e3:7.1f} ms")  # fmt: skip
-    print("kvpool / stock: " + "  ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
-    write_result("bench_server", {"args": vars(args), "median": med, "ratio_kvpool_over_stock": ratios,
-                                  "rounds": rounds})  # fmt: skip
+    report(rounds, vars(args))
 
 
 if __name__ == "__main__":

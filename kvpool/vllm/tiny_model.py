@@ -86,16 +86,11 @@ def _corpus(seed: int, lines: int = 4000) -> list[str]:
     return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(5, 30))) for _ in range(lines)]
 
 
-def build_tiny_model(out: Path, *, seed: int = 0, vocab_size: int = 2048) -> Path:
-    """Write the model to ``out`` (created) unless a complete copy is already there."""
-    out = Path(out)
-    if (out / _MARKER).exists():
-        return out
-    import torch
+def _train_tokenizer(seed: int, vocab_size: int) -> Any:
+    """A byte-level BPE trained on generated text, with special tokens and a chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    out.mkdir(parents=True, exist_ok=True)
     specials = ["<|pad|>", "<|bos|>", "<|eos|>", "<|end|>", "<|user|>", "<|assistant|>", "<|system|>"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -106,6 +101,19 @@ def build_tiny_model(out: Path, *, seed: int = 0, vocab_size: int = 2048) -> Pat
     tok.train_from_iterator(_corpus(seed), trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|bos|>", eos_token="<|eos|>", pad_token="<|pad|>")
     fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_tiny_model(out: Path, *, seed: int = 0, vocab_size: int = 2048) -> Path:
+    """Write the model to ``out`` (created) unless a complete copy is already there."""
+    out = Path(out)
+    if (out / _MARKER).exists():
+        return out
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    fast = _train_tokenizer(seed, vocab_size)
     fast.save_pretrained(out)
     torch.manual_seed(seed)
     config = LlamaConfig(
