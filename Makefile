@@ -14,7 +14,7 @@ STAMP := $(VENV)/.kvpool-locks-$(LOCK_HASH)
 PIP := $(PY) -m pip install --disable-pip-version-check --no-deps -q
 QUIET := 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 
-.PHONY: help install serve demo test test-fast test-gpu lint format bench clean
+.PHONY: help install serve demo test test-fast test-gpu lint format bench lock-hash clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -60,6 +60,9 @@ bench: install ## CPU benchmarks side by side; ratios printed, JSON in results/
 	$(PY) -m bench.bench_block_copy
 	$(PY) -m bench.bench_engine
 	$(PY) -m bench.bench_server
+
+lock-hash: ## print the hash of the locks (.ci/run names its cached virtualenv after it)
+	@echo $(LOCK_HASH)
 
 clean: ## remove the virtualenv and results
 	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache
