@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
     }
     rounds: dict[str, list[dict[str, float]]] = {k: [] for k in makers}
+    rss: dict[str, list[int]] = {k: [] for k in makers}  # the worker's resident bytes after the rounds
     for turn in range(args.turns):
         for name in list(makers) if turn % 2 == 0 else list(makers)[::-1]:
             runner = makers[name]()
@@ -86,9 +87,11 @@ def main(argv: list[str] | None = None) -> None:
                         runner.call("trim")
                     prompts = workload(args.requests, args.prompt_tokens, seed=i + 1)
                     rounds[name].append(one_round(runner, prompts, args.max_tokens))
+                rss[name].append(runner.worker_rss())
             finally:
                 runner.close()
-    report(rounds, vars(args))
+    report(rounds, {**vars(args), "worker_rss_bytes": rss})
+    print("worker RSS after the rounds (MiB): " + "  ".join(f"{k} {max(v) >> 20}" for k, v in rss.items()))
 
 
 if __name__ == "__main__":
