@@ -68,6 +68,12 @@ class ControlServer:
             threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
 
     def _handle(self, conn: socket.socket) -> None:
+        try:
+            self._exchange(conn)
+        except OSError as e:  # the client went away mid-request; the engine state is unaffected
+            log.info("kvpool control: client disconnected: %s", e)
+
+    def _exchange(self, conn: socket.socket) -> None:
         with conn, conn.makefile("rwb") as f:
             try:
                 msg = json.loads(f.readline())

@@ -26,7 +26,6 @@ from __future__ import annotations
 import collections
 import logging
 import queue
-import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,10 +66,7 @@ class SchedulerSide:
         self._requested = settings.limit_bytes
         self._pending = PendingResize(self._effective_limit(), 0, ResizeStatus.APPLIED)
         self._resizes: collections.Counter[str] = collections.Counter()
-        self._resize_started = 0.0
-        self._resize_direction = "grow"
-        self.resize_seconds: list[tuple[str, float]] = []  #: (direction, seconds) to report
-        self.errors: list[str] = []
+        self.errors: collections.deque[str] = collections.deque(maxlen=32)  #: latest failed commands
 
     # ---- binding ----------------------------------------------------------------------------
 
@@ -150,10 +146,8 @@ class SchedulerSide:
             self._resizes[verdict.value] += 1
             return self._resize_reply(ResizeStatus(verdict.value))
         if verdict is Verdict.NEW:
-            self._resize_direction = "grow" if limit_bytes >= self._requested else "shrink"
             self._requested = limit_bytes
             self.table.limit_pages = self._pages(limit_bytes)
-            self._resize_started = time.monotonic()
             self._pending = PendingResize(self._effective_limit(), revision, ResizeStatus.DEFERRED)
             self._pick_victims(self._physical_pages() - self.table.limit_pages)
             self._drain()
@@ -290,7 +284,6 @@ class SchedulerSide:
             self._pick_victims(excess)
             return
         self._pending = PendingResize(self._pending.target_bytes, self._pending.revision, ResizeStatus.APPLIED)
-        self.resize_seconds.append((self._resize_direction, time.monotonic() - self._resize_started))
 
     def _resize_reply(self, status: ResizeStatus) -> dict[str, Any]:
         return {

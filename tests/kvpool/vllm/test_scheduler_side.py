@@ -73,7 +73,7 @@ def test_a_failed_map_is_undone_on_every_rank_and_its_blocks_stay_withheld() -> 
     side = make_side(grow_ahead=4)
     cmds = side.step(scheduled_tokens=1, demand_blocks=1)
     ack(side, cmds, failed={cmds[0].seq: "mmap refused"})
-    assert side.errors == ["map page 1: mmap refused"]
+    assert list(side.errors) == ["map page 1: mmap refused"]
     undo = side.step(scheduled_tokens=0, demand_blocks=0)
     assert [(c.page, c.op) for c in undo] == [(1, PageOp.UNMAP)]
     ack(side, undo)
