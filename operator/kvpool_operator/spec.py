@@ -1,0 +1,112 @@
+"""The ``ColocatedModels`` custom resource's spec (``kvpool.dev/v1alpha1``), parsed and validated
+into the policy's types. Every error names the field path and what to change, so the handler can
+raise it as a ``kopf.PermanentError`` unchanged.
+
+    spec:
+      gpuMemoryBudgetBytes: 40Gi          # all the group's KV pools together
+      rebalance: {intervalSeconds: 10, hysteresisBytes: 256Mi, maxStepBytes: 4Gi}
+      models:
+        - {name: llama, model: /models/llama-3.1-8b, minBytes: 4Gi, maxBytes: 30Gi, weight: 2}
+        - {name: qwen,  model: /models/qwen-7b,      minBytes: 4Gi, maxBytes: 30Gi}
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from kvpool_operator.policy import GroupPolicy, ModelBudget
+
+_UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9}
+_QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G)?$")
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+
+
+class SpecError(ValueError):
+    """The resource's spec is invalid; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    model: str
+    args: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    policy: GroupPolicy
+    models: tuple[ModelSpec, ...]
+    interval_s: float
+
+
+def quantity(value: Any, path: str) -> int:
+    """A byte count: an integer or a Kubernetes quantity string ('40Gi', '512Mi')."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    match = _QUANTITY.match(str(value)) if isinstance(value, str) else None
+    if match is None:
+        raise SpecError(f"{path}: {value!r} is not a byte quantity; use an integer or e.g. 512Mi, 40Gi")
+    return int(match.group(1)) * _UNITS[match.group(2) or ""]
+
+
+def parse_group(spec: dict[str, Any]) -> GroupSpec:
+    """Validate a ColocatedModels spec; raises SpecError naming the first bad field."""
+    budget = quantity(_required(spec, "gpuMemoryBudgetBytes", "spec"), "spec.gpuMemoryBudgetBytes")
+    raw_models = _required(spec, "models", "spec")
+    if not isinstance(raw_models, list) or not raw_models:
+        raise SpecError("spec.models: list at least one model")
+    budgets, models = [], []
+    for i, raw in enumerate(raw_models):
+        budget_i, model_i = _model(raw, f"spec.models[{i}]")
+        budgets.append(budget_i)
+        models.append(model_i)
+    names = [m.name for m in models]
+    if len(set(names)) != len(names):
+        raise SpecError(f"spec.models: names must be unique, got {names}")
+    reb = spec.get("rebalance") or {}
+    interval = reb.get("intervalSeconds", 10)
+    if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not 1 <= interval <= 3600:
+        raise SpecError(f"spec.rebalance.intervalSeconds: {interval!r} must be a number of seconds in 1..3600")
+    policy = GroupPolicy(
+        budget_bytes=budget,
+        models=tuple(budgets),
+        hysteresis_bytes=quantity(reb.get("hysteresisBytes", 64 << 20), "spec.rebalance.hysteresisBytes"),
+        max_step_bytes=max(1, quantity(reb.get("maxStepBytes", 1 << 30), "spec.rebalance.maxStepBytes")),
+    )
+    floor = sum(b.min_bytes for b in budgets)
+    if floor > budget:
+        raise SpecError(
+            f"spec.models[*].minBytes add up to {floor} bytes, more than spec.gpuMemoryBudgetBytes ({budget}): "
+            "lower a minimum or raise the budget"
+        )
+    return GroupSpec(policy, tuple(models), float(interval))
+
+
+def _model(raw: Any, path: str) -> tuple[ModelBudget, ModelSpec]:
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: must be an object with name, model, minBytes, maxBytes")
+    name = _required(raw, "name", path)
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise SpecError(f"{path}.name: {name!r} must be a DNS label (lower case, digits, '-'; at most 40)")
+    model = _required(raw, "model", path)
+    if not isinstance(model, str) or not model:
+        raise SpecError(f"{path}.model: give a model path or id")
+    lo = quantity(_required(raw, "minBytes", path), f"{path}.minBytes")
+    hi = quantity(_required(raw, "maxBytes", path), f"{path}.maxBytes")
+    if lo > hi:
+        raise SpecError(f"{path}: minBytes ({lo}) must not exceed maxBytes ({hi})")
+    weight = raw.get("weight", 1)
+    if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
+        raise SpecError(f"{path}.weight: {weight!r} must be a positive number")
+    args = raw.get("args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise SpecError(f"{path}.args: must be a list of strings (extra kvpool-server flags)")
+    return ModelBudget(name, lo, hi, float(weight)), ModelSpec(name, model, tuple(args))
+
+
+def _required(obj: dict[str, Any], key: str, path: str) -> Any:
+    if key not in obj:
+        raise SpecError(f"{path}.{key} is required")
+    return obj[key]
