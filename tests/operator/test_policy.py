@@ -4,6 +4,8 @@ reported rather than clipped."""
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from kvpool_operator.policy import GroupPolicy, Infeasible, ModelBudget, Observation, Plan, plan
@@ -87,8 +89,8 @@ def test_repeated_rounds_settle_instead_of_flapping(case: tuple[GroupPolicy, dic
             for n, o in observed.items()
         }
     for name in observed:  # each limit moves one way, then stops: never back and forth
-        moves = [b[name] - a[name] for a, b in zip(history, history[1:], strict=False) if b[name] != a[name]]
-        turns = sum(1 for x, y in zip(moves, moves[1:], strict=False) if (x > 0) != (y > 0))
+        moves = [b[name] - a[name] for a, b in itertools.pairwise(history) if b[name] != a[name]]
+        turns = sum(1 for x, y in itertools.pairwise(moves) if (x > 0) != (y > 0))
         assert turns <= 1, (name, moves[:10])
     if rounds < 300:
         assert history[-1] == history[-2] == history[-3]  # a fixed point
