@@ -19,8 +19,8 @@ from typing import Any
 from kvpool_operator.policy import GroupPolicy, ModelBudget
 
 _UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9}
-_QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G)?$")
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
+QUANTITY_RE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G)?$")
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
 
 
 class SpecError(ValueError):
@@ -45,7 +45,7 @@ def quantity(value: Any, path: str) -> int:
     """A byte count: an integer or a Kubernetes quantity string ('40Gi', '512Mi')."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    match = _QUANTITY.match(str(value)) if isinstance(value, str) else None
+    match = QUANTITY_RE.match(str(value)) if isinstance(value, str) else None
     if match is None:
         raise SpecError(f"{path}: {value!r} is not a byte quantity; use an integer or e.g. 512Mi, 40Gi")
     return int(match.group(1)) * _UNITS[match.group(2) or ""]
@@ -88,7 +88,7 @@ def _model(raw: Any, path: str) -> tuple[ModelBudget, ModelSpec]:
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: must be an object with name, model, minBytes, maxBytes")
     name = _required(raw, "name", path)
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not NAME_RE.match(name):
         raise SpecError(f"{path}.name: {name!r} must be a DNS label (lower case, digits, '-'; at most 40)")
     model = _required(raw, "model", path)
     if not isinstance(model, str) or not model:
