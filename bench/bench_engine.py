@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import write_result
+from bench.common import compare, ttft_percentiles
 
 MiB = 1 << 20
 
@@ -34,25 +33,7 @@ def one_round(runner: Any, prompts: list[list[int]], max_tokens: int) -> dict[st
     start = time.perf_counter()
     out = runner.generate(prompts, params)
     wall = time.perf_counter() - start
-    ttfts = sorted(c.ttft_s for c in out)
-    return {
-        "tokens_per_s": sum(len(c.token_ids) for c in out) / wall,
-        "ttft_p50_s": ttfts[len(ttfts) // 2],
-        "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(len(ttfts) * 0.99))],
-    }
-
-
-def report(rounds: dict[str, list[dict[str, float]]], args: dict[str, Any]) -> None:
-    """Medians per engine, kvpool / stock ratios, and the JSON result."""
-    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rounds.items()}
-    ratios = {m: med["kvpool"][m] / med["stock"][m] for m in med["stock"]}
-    for name, m in med.items():
-        print(
-            f"{name:>7}: {m['tokens_per_s']:8.0f} tok/s  TTFT p50 {m['ttft_p50_s'] * 1e3:7.1f} ms  "
-            f"p99 {m['ttft_p99_s'] * 1e3:7.1f} ms"
-        )
-    print("kvpool / stock: " + "  ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
-    write_result("bench_engine", {"args": args, "median": med, "ratio_kvpool_over_stock": ratios, "rounds": rounds})
+    return {"tokens_per_s": sum(len(c.token_ids) for c in out) / wall, **ttft_percentiles([c.ttft_s for c in out])}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -90,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
                 rss[name].append(runner.worker_rss())
             finally:
                 runner.close()
-    report(rounds, {**vars(args), "worker_rss_bytes": rss})
+    compare("bench_engine", rounds, {**vars(args), "worker_rss_bytes": rss})
     print("worker RSS after the rounds (MiB): " + "  ".join(f"{k} {max(v) >> 20}" for k, v in rss.items()))
 
 

@@ -13,17 +13,15 @@ import asyncio
 import os
 import random
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 
-from bench.common import write_result
+from bench.common import compare, ttft_percentiles
 
 
 def free_port() -> int:
@@ -71,25 +69,11 @@ async def drive(url: str, model: str, prompts: list[list[int]], max_tokens: int)
     start = time.perf_counter()
     results = await asyncio.gather(*(one(p) for p in prompts))
     wall = time.perf_counter() - start
-    ttft = sorted(r[0] for r in results)
     return {
         "requests_per_s": len(prompts) / wall,
         "tokens_per_s": sum(r[1] for r in results) / wall,
-        "ttft_p50_s": ttft[len(ttft) // 2],
-        "ttft_p99_s": ttft[min(len(ttft) - 1, int(len(ttft) * 0.99))],
+        **ttft_percentiles([r[0] for r in results]),
     }
-
-
-def report(rounds: dict[str, list[dict[str, float]]], args: dict[str, Any]) -> None:
-    """Medians per engine, kvpool / stock ratios, and the JSON result."""
-    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rounds.items()}
-    ratios = {m: med["kvpool"][m] / med["stock"][m] for m in med["stock"]}
-    for name, m in med.items():
-        print(f"{name:>7}: {m['requests_per_s']:6.1f} req/s {m['tokens_per_s']:7.0f} tok/s  "
-              f"TTFT p50 {m['ttft_p50_s'] * 1e3:7.1f} ms  p99 {m['ttft_p99_s'] * 1e3:7.1f} ms")  # fmt: skip
-    print("kvpool / stock: " + "  ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
-    write_result("bench_server", {"args": args, "median": med, "ratio_kvpool_over_stock": ratios,
-                                  "rounds": rounds})  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 proc.terminate()
                 proc.wait(timeout=120)
-    report(rounds, vars(args))
+    compare("bench_server", rounds, vars(args))
 
 
 if __name__ == "__main__":

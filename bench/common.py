@@ -30,3 +30,21 @@ def write_result(name: str, data: dict[str, Any]) -> Path:
     path.write_text(json.dumps(data, indent=2) + "\n")
     print(f"-> {path}")
     return path
+
+
+def ttft_percentiles(ttfts: list[float]) -> dict[str, float]:
+    """p50 and p99 of the times to first token (seconds)."""
+    s = sorted(ttfts)
+    return {"ttft_p50_s": s[len(s) // 2], "ttft_p99_s": s[min(len(s) - 1, int(len(s) * 0.99))]}
+
+
+def compare(name: str, rounds: dict[str, list[dict[str, float]]], args: dict[str, Any]) -> None:
+    """Medians per configuration, kvpool / stock ratios printed, the JSON result written."""
+    import statistics
+
+    med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in rounds.items()}
+    ratios = {m: med["kvpool"][m] / med["stock"][m] for m in med["stock"]}
+    for config, metrics in med.items():
+        print(f"{config:>7}: " + "  ".join(f"{m} {v:.4g}" for m, v in metrics.items()))
+    print("kvpool / stock: " + "  ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
+    write_result(name, {"args": args, "median": med, "ratio_kvpool_over_stock": ratios, "rounds": rounds})
