@@ -47,17 +47,25 @@ def sample(families: dict[str, Any], family: str, sample_name: str | None = None
 
 
 def test_the_openai_client_completes_chats_streams_and_lists_models(server: Server) -> None:
+    # The tiny model has random weights: without ignore_eos it may sample EOS early, so every call
+    # pins the length it asserts.
     client = openai_client(server)
+    fixed = {"temperature": 0, "extra_body": {"ignore_eos": True}}
     assert [m.id for m in client.models.list().data] == [MODEL]
-    done = client.completions.create(model=MODEL, prompt="the pool maps", max_tokens=8, temperature=0)
+    done = client.completions.create(model=MODEL, prompt="the pool maps", max_tokens=8, **fixed)
     assert done.usage.completion_tokens == 8
     chat = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=6, temperature=0
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=6, **fixed
     )
     assert chat.choices[0].message.role == "assistant"
     assert chat.usage.completion_tokens == 6
-    chunks = list(client.completions.create(model=MODEL, prompt="memory", max_tokens=5, stream=True))
-    assert len([c for c in chunks if c.choices and c.choices[0].text is not None]) >= 5
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt="memory", max_tokens=5, stream=True, stream_options={"include_usage": True}, **fixed
+        )
+    )
+    assert [c.usage.completion_tokens for c in chunks if c.usage] == [5]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
 def test_the_snapshot_is_complete_and_consistent(server: Server) -> None:
