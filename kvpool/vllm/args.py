@@ -81,6 +81,12 @@ class PoolEngineConfig:
     control_address: str = field(default_factory=lambda: f"kvpool-{secrets.token_hex(8)}")
     """Abstract socket of the control channel: random per instance, so instances never collide."""
     grow_ahead_blocks: int = 0
+    offload_bytes: int = 0
+    """CPU offload tier per worker; 0 = off."""
+    offload_policy: str = "lru"
+    """Eviction policy of a full tier: ``lru`` or ``arc``."""
+    offload_dir: str = "/dev/shm"
+    """Directory of the tier's shared-memory file."""
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -104,6 +110,9 @@ class PoolEngineConfig:
             control_address=self.control_address,
             model=name,
             grow_ahead_blocks=self.grow_ahead_blocks,
+            offload_bytes=self.offload_bytes,
+            offload_policy=self.offload_policy,
+            offload_dir=self.offload_dir,
         )
 
     def geometry(self) -> Geometry:
@@ -111,12 +120,15 @@ class PoolEngineConfig:
         return Geometry.fit(shape, self.layout, self.settings().page_bytes, self.virtual_bytes)
 
     def kv_transfer_config(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "kv_connector": "KVPoolConnector",
             "kv_connector_module_path": "kvpool.vllm.connector",
             "kv_role": "kv_both",
             "kv_connector_extra_config": self.settings().to_extra(),
         }
+        if self.offload_bytes:
+            out["kv_load_failure_policy"] = "recompute"  # a failed tier load is recomputed, never fatal
+        return out
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``EngineArgs`` / ``AsyncEngineArgs`` / ``LLM``."""
@@ -153,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--backend", choices=[b.value for b in BackendKind], default="host", help="host (CPU) or cuda")
     p.add_argument("--block-size", type=int, default=32, help="tokens per KV block")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="tensor-parallel ranks")
+    p.add_argument("--offload-bytes", type=parse_bytes, default=0, help="CPU offload tier per worker (0 = off)")
     args = p.parse_args(argv)
     try:
         cfg = PoolEngineConfig(
@@ -162,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
             backend=BackendKind(args.backend),
             block_size=args.block_size,
             tensor_parallel_size=args.tensor_parallel_size,
+            offload_bytes=args.offload_bytes,
         )
         flags = cfg.cli_args()
     except ConfigError as e:

@@ -17,7 +17,8 @@ def check_engine_pool(side: SchedulerSide) -> None:
     * a block in a page that is not MAPPED (or is draining and withheld) is never in vLLM's free
       queue and never referenced; blocks of MAPPED, non-draining pages are never withheld;
     * vLLM's free-block count equals the unreferenced blocks that are not withheld;
-    * physical pages stay within the limit unless a resize is deferred or commands are in flight.
+    * physical pages stay within the limit unless a resize is deferred or commands are in flight;
+    * the CPU tier (when on) holds no more than its capacity and counts consistently.
     """
     side.table.check_integrity()
     bp, g = side.block_pool, side.geometry
@@ -39,3 +40,5 @@ def check_engine_pool(side: SchedulerSide) -> None:
     settling = side._pending.status is ResizeStatus.DEFERRED or side.inflight or side.outbox
     if side.table.physical_pages > side.table.limit_pages and not settling:
         raise AssertionError(f"{side.table.physical_pages} physical pages > limit {side.table.limit_pages}")
+    if side.tier is not None:
+        side.tier.check()

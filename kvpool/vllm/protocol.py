@@ -33,14 +33,17 @@ class PageCommand:
 @dataclass
 class PoolMetadata(KVConnectorMetadata):
     commands: list[PageCommand] = field(default_factory=list)
+    tier: KVConnectorMetadata | None = None  #: the CPU tier's own metadata, when it is on
 
 
 @dataclass
 class PoolWorkerMetadata(KVConnectorWorkerMetadata):
     done: frozenset[int] = frozenset()
     failed: dict[int, str] = field(default_factory=dict)
+    tier: KVConnectorWorkerMetadata | None = None
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         if not isinstance(other, PoolWorkerMetadata):
             return self
-        return PoolWorkerMetadata(self.done & other.done, {**self.failed, **other.failed})
+        tier = self.tier.aggregate(other.tier) if self.tier and other.tier else self.tier or other.tier
+        return PoolWorkerMetadata(self.done & other.done, {**self.failed, **other.failed}, tier)

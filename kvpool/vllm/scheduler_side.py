@@ -14,7 +14,10 @@ The pool steers it through its public free queue: blocks in pages that are not b
 * shrink (resize below the mapped size, or trim): pick victim pages with the fewest used blocks,
   mark them draining; each step withholds their blocks as they become free (cached ones are
   evicted from the prefix cache first) and unmaps a page once all of its blocks are withheld.
-  Until then the resize is ``deferred``; nothing is preempted by us.
+  Until then the resize is ``deferred``; nothing is preempted by us. With the CPU tier on, a
+  cached block dropped this way is *demoted*: its copy stays in the tier (vLLM's offloading
+  stores every full prompt block as it is computed), so its prefix is a tier hit afterwards. A
+  block that this step's store jobs still read is not withheld until a later step.
 
 Everything here runs on the engine-core thread: in ``build_connector_meta`` each step, and in
 ``has_pending_push_work`` when the engine is idle. Control requests from other threads wait in
@@ -28,12 +31,12 @@ import logging
 import queue
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kvpool.layout import Geometry, PageId
 from kvpool.limits import Verdict, check_resize_args, classify
 from kvpool.pages import PageState, PageTable
-from kvpool.snapshot import PendingResize, PoolSnapshot, ResizeStatus
+from kvpool.snapshot import OffloadStats, PendingResize, PoolSnapshot, ResizeStatus
 from kvpool.vllm.protocol import PageCommand, PageOp, PoolWorkerMetadata
 from kvpool.vllm.settings import ConnectorSettings
 
@@ -47,10 +50,22 @@ class ControlRequest:
     reply: Future[Any] = field(default_factory=Future)
 
 
+class TierView(Protocol):
+    """What the pool asks of the CPU tier (see :mod:`kvpool.vllm.tier`)."""
+
+    def held(self, block_hash: bytes) -> bool: ...
+
+    def stats(self, demoted: int) -> OffloadStats: ...
+
+    def check(self) -> None: ...
+
+
 class SchedulerSide:
     """Page decisions for one engine (all tensor-parallel ranks get the same commands)."""
 
-    def __init__(self, settings: ConnectorSettings, geometry: Geometry, grow_ahead: int) -> None:
+    def __init__(
+        self, settings: ConnectorSettings, geometry: Geometry, grow_ahead: int, tier: TierView | None = None
+    ) -> None:
         self.settings, self.geometry = settings, geometry
         self.page_bytes = geometry.page_physical_bytes
         self.table = PageTable(geometry.num_pages, geometry.blocks_per_page, self._pages(settings.limit_bytes))
@@ -67,6 +82,9 @@ class SchedulerSide:
         self._pending = PendingResize(self._effective_limit(), 0, ResizeStatus.APPLIED)
         self._resizes: collections.Counter[str] = collections.Counter()
         self.errors: collections.deque[str] = collections.deque(maxlen=32)  #: latest failed commands
+        self.tier = tier
+        self.demoted = 0  #: cached blocks dropped by shrinks whose copy the tier holds
+        self._busy: set[int] = set()  #: blocks this step's tier stores read: not withheld yet
 
     # ---- binding ----------------------------------------------------------------------------
 
@@ -82,10 +100,12 @@ class SchedulerSide:
 
     # ---- the engine thread's entry points ----------------------------------------------------
 
-    def step(self, scheduled_tokens: int, demand_blocks: int) -> list[PageCommand]:
+    def step(self, scheduled_tokens: int, demand_blocks: int, busy: set[int] | None = None) -> list[PageCommand]:
         """Once per scheduler step: serve control requests, drain, grow; return the commands.
 
-        ``demand_blocks``: blocks the largest waiting request needs (0 when none waits)."""
+        ``demand_blocks``: blocks the largest waiting request needs (0 when none waits);
+        ``busy``: blocks the tier's store jobs of this step read."""
+        self._busy = busy or set()
         self.serve_mailbox()
         self._drain()
         if demand_blocks or scheduled_tokens:
@@ -96,6 +116,7 @@ class SchedulerSide:
 
     def has_work(self) -> bool:
         """Called by the idle engine loop: serve requests now; keep stepping while commands fly."""
+        self._busy = set()  # last step's stores are queued on the workers: the next fence covers them
         self.serve_mailbox()
         self._drain()
         return bool(self.outbox or self.inflight)
@@ -188,6 +209,7 @@ class SchedulerSide:
             free_blocks=len(mapped_pages) * g.blocks_per_page - used - cached - 1,
             pending=self._pending,
             resizes=dict(self._resizes),
+            offload=self.tier.stats(self.demoted) if self.tier else None,
         )
 
     # ---- internals ------------------------------------------------------------------------------
@@ -264,9 +286,16 @@ class SchedulerSide:
         bp = self.block_pool
         for page in sorted(self.draining):
             blocks = [bp.blocks[b] for b in self.geometry.blocks_of(page)]
-            idle = [blk for blk in blocks if blk.ref_cnt == 0 and blk.block_id not in self.withheld]
+            idle = [
+                blk
+                for blk in blocks
+                if blk.ref_cnt == 0 and blk.block_id not in self.withheld and blk.block_id not in self._busy
+            ]
             if idle:
-                bp.evict_blocks({blk.block_id for blk in idle if blk.block_hash is not None})
+                cached = [blk for blk in idle if blk.block_hash is not None]
+                if self.tier:
+                    self.demoted += sum(self.tier.held(blk.block_hash) for blk in cached)
+                bp.evict_blocks({blk.block_id for blk in cached})
                 for blk in idle:
                     bp.free_block_queue.remove(blk)
                     self.withheld.add(blk.block_id)

@@ -6,6 +6,7 @@ fails at start-up with the key's name instead of at the first resize.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -34,6 +35,12 @@ class ConnectorSettings:
     """Name reported in snapshots and metric labels."""
     control_timeout_s: float = 30.0
     """How long a control request may wait for the engine loop before it fails."""
+    offload_bytes: int = 0
+    """Size of the CPU offload tier per worker; 0 = no tier (and no cost)."""
+    offload_policy: str = "lru"
+    """Eviction policy of a full tier: ``lru`` or ``arc`` (vLLM's policies)."""
+    offload_dir: str = "/dev/shm"
+    """Directory of the tier's shared-memory file (in Kubernetes: a memory-backed emptyDir)."""
 
     def __post_init__(self) -> None:
         if self.limit_bytes < 0:
@@ -46,9 +53,13 @@ class ConnectorSettings:
             raise ConfigError(f"kvpool grow_ahead_blocks must be >= 0, got {self.grow_ahead_blocks}")
         if self.control_timeout_s <= 0:
             raise ConfigError(f"kvpool control_timeout_s must be > 0, got {self.control_timeout_s}")
+        if self.offload_bytes < 0:
+            raise ConfigError(f"kvpool offload_bytes must be >= 0, got {self.offload_bytes}")
+        if self.offload_policy not in ("lru", "arc"):
+            raise ConfigError(f"kvpool offload_policy must be 'lru' or 'arc', got {self.offload_policy!r}")
 
     @classmethod
-    def from_extra(cls, extra: dict[str, Any] | None) -> ConnectorSettings:
+    def from_extra(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:
         """Parse ``kv_connector_extra_config["kvpool"]``; unknown keys are errors."""
         raw = dict((extra or {}).get("kvpool") or {})
         known = {f.name for f in fields(cls)}
@@ -60,7 +71,7 @@ class ConnectorSettings:
         try:
             if "backend" in raw:
                 raw["backend"] = BackendKind(raw["backend"])
-            for key in ("limit_bytes", "page_bytes", "grow_ahead_blocks"):
+            for key in ("limit_bytes", "page_bytes", "grow_ahead_blocks", "offload_bytes"):
                 if key in raw and (not isinstance(raw[key], int) or isinstance(raw[key], bool)):
                     raise ConfigError(f"kvpool {key} must be an integer, got {raw[key]!r}")
             return cls(**raw)
@@ -68,7 +79,18 @@ class ConnectorSettings:
             raise ConfigError(f"bad kvpool setting: {e}") from e
 
     def to_extra(self) -> dict[str, Any]:
-        """The JSON form that ``from_extra`` reads back."""
+        """The JSON form that ``from_extra`` reads back, plus the keys vLLM's offloading connector
+        reads when the tier is on (our spec, its size, its eviction policy)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["backend"] = self.backend.value
-        return {"kvpool": out}
+        return {"kvpool": out, **self.tier_extra()}
+
+    def tier_extra(self) -> dict[str, Any]:
+        if not self.offload_bytes:
+            return {}
+        return {
+            "spec_name": "KVPoolOffloadingSpec",
+            "spec_module_path": "kvpool.vllm.offload",
+            "cpu_bytes_to_use": self.offload_bytes,
+            "eviction_policy": self.offload_policy,
+        }

@@ -45,6 +45,9 @@ def pool_config(settings: ServerSettings, model: str) -> PoolEngineConfig:
         page_bytes=settings.page_bytes,
         tensor_parallel_size=settings.tensor_parallel_size,
         served_name=settings.served_model_name,
+        offload_bytes=settings.offload_bytes,
+        offload_policy=settings.offload_policy,
+        offload_dir=str(settings.offload_dir),
     )
 
 

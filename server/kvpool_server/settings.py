@@ -35,6 +35,11 @@ class ServerSettings(BaseSettings):
     virtual_bytes: Bytes = Field(2 << 30, gt=0, description="virtual KV capacity per worker (what vLLM plans with)")
     block_size: int = Field(32, gt=0, description="tokens per KV block (a multiple of 32 on the CPU)")
     page_bytes: Bytes = Field(0, ge=0, description="mapping granule; 0 = 64K on the host, 2M on CUDA")
+    offload_bytes: Bytes = Field(0, ge=0, description="CPU offload tier per worker (0 = off; e.g. 4G)")
+    offload_policy: Literal["lru", "arc"] = Field("lru", description="eviction policy of a full CPU tier")
+    offload_dir: Path = Field(
+        Path("/dev/shm"), description="directory of the CPU tier's shared-memory file (a memory-backed volume)"
+    )
     max_model_len: int = Field(2048, gt=0, description="longest prompt + output in tokens")
     tensor_parallel_size: int = Field(1, ge=1, description="tensor-parallel ranks (one pool each)")
     enforce_eager: bool = Field(True, description="skip torch.compile / CUDA graphs (fast start)")
@@ -54,6 +59,8 @@ class ServerSettings(BaseSettings):
     def _check(self) -> ServerSettings:
         if self.limit_bytes > self.virtual_bytes:
             raise ValueError(f"limit-bytes ({self.limit_bytes}) must not exceed virtual-bytes ({self.virtual_bytes})")
+        if self.offload_bytes and not self.offload_dir.is_dir():
+            raise ValueError(f"offload-dir {self.offload_dir} is not a directory (the CPU tier's file goes there)")
         if self.admin_token_file is not None and not self.admin_token_file.is_file():
             raise ValueError(f"admin-token-file {self.admin_token_file} does not exist")
         return self

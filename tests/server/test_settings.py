@@ -3,6 +3,7 @@ name, and the environment works as well as flags."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,8 @@ def test_help_documents_every_option() -> None:
         (["--limit-bytes", "4G", "--virtual-bytes", "1G"], "must not exceed virtual-bytes"),
         (["--backend", "tpu"], "--backend"),
         (["--admin-token-file", "/nonexistent/token"], "admin-token-file /nonexistent/token does not exist"),
+        (["--offload-bytes", "1G", "--offload-dir", "/nonexistent"], "offload-dir /nonexistent is not a directory"),
+        (["--offload-policy", "fifo"], "--offload-policy"),
     ],
 )
 def test_bad_values_stop_the_start_naming_the_option(args: list[str], message: str) -> None:
@@ -60,3 +63,16 @@ def test_vllm_gets_the_connector_and_the_virtual_block_count(tiny_model: Path) -
     argv = vllm_argv(s, pool_config(s, str(tiny_model)))
     assert argv[argv.index("--num-gpu-blocks-override") + 1] == str((1 << 30) // (64 << 10))
     assert "kvpool.vllm.connector" in argv[argv.index("--kv-transfer-config") + 1]
+
+
+def test_the_cpu_tier_flag_reaches_vllms_offloading_connector(tiny_model: Path, tmp_path: Path) -> None:
+    s = parse_settings(["--model", str(tiny_model), "--offload-bytes", "1G", "--offload-dir", str(tmp_path)])
+    argv = vllm_argv(s, pool_config(s, str(tiny_model)))
+    transfer = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+    extra = transfer["kv_connector_extra_config"]
+    assert (extra["cpu_bytes_to_use"], extra["spec_name"], extra["kvpool"]["offload_dir"]) == (
+        1 << 30,
+        "KVPoolOffloadingSpec",
+        str(tmp_path),
+    )
+    assert transfer["kv_load_failure_policy"] == "recompute"

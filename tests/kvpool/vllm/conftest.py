@@ -30,3 +30,25 @@ def stock_engine(tiny_model: Path) -> Iterator[object]:
     runner = EngineRunner(str(tiny_model), None, max_model_len=2048, kv_cache_memory_bytes=512 * MiB)
     yield runner
     runner.close()
+
+
+TIER_LIMIT = 8 * MiB  # 128 blocks of the tiny model (32 tokens x 2 KiB)
+TIER_BYTES = 16 * MiB  # 256 blocks
+
+
+@pytest.fixture(scope="session")
+def tier_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A pool engine with the CPU tier on; its store file lives in a directory the tests can see."""
+    from kvpool.vllm.args import PoolEngineConfig
+    from kvpool.vllm.runner import EngineRunner
+
+    tier_dir = tmp_path_factory.mktemp("tier")
+    config = PoolEngineConfig(
+        model=str(tiny_model), limit_bytes=TIER_LIMIT, virtual_bytes=256 * MiB,
+        offload_bytes=TIER_BYTES, offload_dir=str(tier_dir),
+    )  # fmt: skip
+    runner = EngineRunner(str(tiny_model), config, max_model_len=2048)
+    runner.tier_dir = tier_dir  # type: ignore[attr-defined]
+    yield runner
+    runner.close()
+    assert not list(tier_dir.iterdir()), "the tier's file outlived its engine"

@@ -1,0 +1,121 @@
+"""HostBlockStore: the CPU tier's memory -- a fixed number of chunks in one shared-memory file.
+
+A chunk holds one pool block. The pool's block may be one contiguous region (uniform layout) or
+several (per-layer layout: one piece per layer); ``BlockRegion`` says where each piece sits in the
+pool and where it goes inside the chunk::
+
+    pool (per-layer, L regions)                       store chunk c (chunk_bytes)
+    region 0: [b0][b1][b2] ...   block b piece 0 --->  [ piece 0 | piece 1 | ... | piece L-1 ]
+    region 1: [b0][b1][b2] ...   block b piece 1 ---/   ^offset 0  ^offset n0      ^sum(n0..)
+    ...
+    pool (uniform, 1 region): [b0 all layers][b1 ...]  --->  [ whole block ]  (one copy)
+
+The file lives in ``directory`` (``/dev/shm`` by default, so in Kubernetes the pod needs a
+memory-backed ``emptyDir`` at least as large as the tier). It is sized once with ``ftruncate``:
+the tier can never grow past its capacity, and pages are only committed as chunks are written.
+A file (rather than anonymous memory) keeps the tier observable from outside the worker process:
+its size shows in ``df /dev/shm``, and tests can inspect or corrupt a stored block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kvpool.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class BlockRegion:
+    """One piece of every block: ``tensor[b]`` is block b's piece (``nbytes`` long), stored at
+    ``offset`` inside each chunk."""
+
+    tensor: torch.Tensor  #: (num_blocks, nbytes), one byte per element
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.tensor.shape[1])
+
+
+def chunk_layout(pieces: Sequence[torch.Tensor]) -> tuple[list[BlockRegion], int]:
+    """Pack the pieces of a block one after another in a chunk; return the regions and chunk size."""
+    regions, offset = [], 0
+    for t in pieces:
+        if t.dim() != 2 or t.element_size() != 1:
+            raise ConfigError(f"a block region must be a 2-D byte tensor, got {tuple(t.shape)} {t.dtype}")
+        regions.append(BlockRegion(t, offset))
+        offset += int(t.shape[1])
+    return regions, offset
+
+
+class HostBlockStore:
+    """``num_chunks`` chunks of ``chunk_bytes`` in a shared-memory file; ``pin`` registers the
+    mapping with CUDA so copies to and from the GPU are asynchronous DMA."""
+
+    def __init__(self, path: Path, num_chunks: int, chunk_bytes: int, pin: bool = False) -> None:
+        if num_chunks <= 0 or chunk_bytes <= 0:
+            raise ConfigError(f"the CPU tier needs at least one chunk ({num_chunks} x {chunk_bytes} bytes)")
+        self.path, self.num_chunks, self.chunk_bytes = path, num_chunks, chunk_bytes
+        size = num_chunks * chunk_bytes
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)
+            self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            path.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+        flat = torch.frombuffer(self._map, dtype=torch.uint8)
+        self.tensor = flat.view(num_chunks, chunk_bytes)
+        self._pinned = False
+        if pin:
+            rc = torch.cuda.cudart().cudaHostRegister(flat.data_ptr(), size, 0)  # type: ignore[no-untyped-call]
+            if rc.value != 0:
+                self.close()
+                raise ConfigError(f"cudaHostRegister of the {size}-byte CPU tier failed ({rc})")
+            self._pinned = True
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.num_chunks * self.chunk_bytes
+
+    def close(self) -> None:
+        if self._pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())  # type: ignore[no-untyped-call]
+            self._pinned = False
+        del self.tensor
+        with contextlib.suppress(BufferError):  # a view is still alive somewhere; the file goes anyway
+            self._map.close()
+        self.path.unlink(missing_ok=True)
+
+
+def copy_blocks(
+    regions: Sequence[BlockRegion],
+    store: torch.Tensor,
+    blocks: Sequence[int],
+    chunks: Sequence[int],
+    to_store: bool,
+    non_blocking: bool = False,
+) -> int:
+    """Copy whole blocks between the pool and the store: one copy per block and region (so one
+    per block in the uniform layout). Returns the bytes moved."""
+    if len(blocks) != len(chunks):
+        raise ValueError(f"{len(blocks)} blocks but {len(chunks)} chunks")
+    moved = 0
+    for r in regions:
+        lo, hi = r.offset, r.offset + r.nbytes
+        for b, c in zip(blocks, chunks, strict=True):
+            if to_store:
+                store[c, lo:hi].copy_(r.tensor[b], non_blocking=non_blocking)
+            else:
+                r.tensor[b].copy_(store[c, lo:hi], non_blocking=non_blocking)
+        moved += r.nbytes * len(blocks)
+    return moved

@@ -1,0 +1,71 @@
+"""The host block store: a bounded shared-memory file, whole-block copies in both layouts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvpool import ConfigError
+from kvpool.offload import HostBlockStore, copy_blocks
+from kvpool.offload.store import chunk_layout
+
+
+def pool_regions(num_blocks: int, pieces: int, piece_bytes: int) -> list[torch.Tensor]:
+    """``pieces`` regions of ``num_blocks`` blocks, filled with distinct bytes."""
+    base = torch.arange(num_blocks * pieces * piece_bytes, dtype=torch.int64) % 251
+    return [t.to(torch.uint8).view(num_blocks, piece_bytes) for t in base.chunk(pieces)]
+
+
+@pytest.mark.parametrize("pieces", [1, 4], ids=["uniform", "per-layer"])
+def test_blocks_round_trip_through_the_store(tmp_path: Path, pieces: int) -> None:
+    src = pool_regions(8, pieces, 512)
+    regions, chunk_bytes = chunk_layout(src)
+    assert chunk_bytes == pieces * 512
+    store = HostBlockStore(tmp_path / "tier", num_chunks=4, chunk_bytes=chunk_bytes)
+    moved = copy_blocks(regions, store.tensor, blocks=[5, 2], chunks=[3, 0], to_store=True)
+    assert moved == 2 * chunk_bytes
+    # chunk 3 holds block 5's pieces one after another
+    assert torch.equal(store.tensor[3], torch.cat([r[5] for r in src]))
+    dst = [torch.zeros_like(r) for r in src]
+    dst_regions, _ = chunk_layout(dst)
+    copy_blocks(dst_regions, store.tensor, blocks=[1, 7], chunks=[3, 0], to_store=False)
+    for s, d in zip(src, dst, strict=True):
+        assert torch.equal(d[1], s[5])
+        assert torch.equal(d[7], s[2])
+        assert not d[0].any()  # nothing else was written
+    store.close()
+
+
+def test_the_store_is_a_fixed_size_file_that_leaves_with_it(tmp_path: Path) -> None:
+    store = HostBlockStore(tmp_path / "tier", num_chunks=16, chunk_bytes=4096)
+    assert os.stat(store.path).st_size == store.capacity_bytes == 16 * 4096
+    assert os.stat(store.path).st_blocks == 0  # sparse: memory is committed as chunks are written
+    store.tensor[3].fill_(7)
+    assert 0 < os.stat(store.path).st_blocks * 512 <= store.capacity_bytes
+    assert (tmp_path / "tier").read_bytes()[3 * 4096] == 7  # visible from outside the process
+    with pytest.raises(IndexError):
+        store.tensor[16]
+    store.close()
+    assert not store.path.exists()
+
+
+def test_bad_sizes_and_an_existing_file_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="at least one chunk"):
+        HostBlockStore(tmp_path / "a", num_chunks=0, chunk_bytes=4096)
+    (tmp_path / "b").write_bytes(b"someone else's")
+    with pytest.raises(FileExistsError):
+        HostBlockStore(tmp_path / "b", num_chunks=1, chunk_bytes=4096)
+    assert (tmp_path / "b").read_bytes() == b"someone else's"
+    with pytest.raises(ConfigError, match="2-D byte tensor"):
+        chunk_layout([torch.zeros(4, 4, dtype=torch.float16)])
+
+
+def test_mismatched_block_and_chunk_lists_are_refused(tmp_path: Path) -> None:
+    regions, chunk_bytes = chunk_layout(pool_regions(4, 1, 64))
+    store = HostBlockStore(tmp_path / "tier", num_chunks=2, chunk_bytes=chunk_bytes)
+    with pytest.raises(ValueError, match="2 blocks but 1 chunks"):
+        copy_blocks(regions, store.tensor, [0, 1], [0], to_store=True)
+    store.close()

