@@ -58,6 +58,7 @@ bench: install ## CPU benchmarks side by side; ratios printed, JSON in results/
 	$(PY) -m bench.bench_pages
 	$(PY) -m bench.bench_alloc
 	$(PY) -m bench.bench_block_copy
+	$(PY) -m bench.bench_offload
 	$(PY) -m bench.bench_engine
 	$(PY) -m bench.bench_server
 

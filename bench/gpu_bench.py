@@ -88,9 +88,46 @@ def copies() -> dict[str, float]:
     return res
 
 
+def tier_copies() -> dict[str, float]:
+    """The CPU tier's own copies (HostBlockStore pinned + copy_blocks), uniform vs per-layer,
+    against the pinned-memory peak of one large copy (goal: whole blocks >= 80% of it)."""
+    import tempfile
+    from pathlib import Path
+
+    from kvpool.offload import HostBlockStore, copy_blocks
+    from kvpool.offload.store import chunk_layout
+
+    n_blocks = 128
+    dev = torch.empty(n_blocks * BLOCK, dtype=torch.uint8, device="cuda")
+    blocks, chunks = list(range(n_blocks)), list(range(n_blocks))
+    res: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
+        for name, pieces in (("uniform", 1), ("per_layer", LAYERS)):
+            regions, chunk_bytes = chunk_layout(list(dev.view(pieces, n_blocks, BLOCK // pieces)))
+            store = HostBlockStore(Path(d) / name, n_blocks, chunk_bytes, pin=True)
+            flat = store.tensor.view(-1)
+            if name == "uniform":
+                for direction, dst, src in (("d2h", flat, dev), ("h2d", dev, flat)):
+                    res[f"tier_{direction}_peak_gbps"] = dst.numel() / _timed(
+                        lambda d=dst, s=src: d.copy_(s, non_blocking=True)) / 1e9  # fmt: skip
+            for direction, to_store in (("d2h", True), ("h2d", False)):
+                t = _timed(lambda r=regions, s=store, ts=to_store: copy_blocks(
+                    r, s.tensor, blocks, chunks, ts, non_blocking=True))  # fmt: skip
+                res[f"tier_{direction}_{name}_gbps"] = n_blocks * BLOCK / t / 1e9
+            store.close()
+    for direction in ("d2h", "h2d"):
+        res[f"tier_{direction}_uniform_over_peak"] = (
+            res[f"tier_{direction}_uniform_gbps"] / res[f"tier_{direction}_peak_gbps"]
+        )
+        res[f"tier_{direction}_uniform_over_per_layer"] = (
+            res[f"tier_{direction}_uniform_gbps"] / res[f"tier_{direction}_per_layer_gbps"]
+        )
+    return res
+
+
 def main() -> None:
-    results = {"device": torch.cuda.get_device_name(), "map": map_latency(), "copy": copies()}
-    for section in ("map", "copy"):
+    results = {"device": torch.cuda.get_device_name(), "map": map_latency(), "copy": copies(), "tier": tier_copies()}
+    for section in ("map", "copy", "tier"):
         for k, v in results[section].items():  # type: ignore[union-attr]
             print(f"{section:>5} {k:>28}: {v:10.2f}")
     write_result("gpu", results)
