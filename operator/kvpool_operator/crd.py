@@ -42,6 +42,22 @@ def _spec_schema() -> dict[str, Any]:
         "properties": {
             "gpuMemoryBudgetBytes": {**_BYTES, "description": "GPU memory all the group's KV pools may use"},
             "models": {"type": "array", "minItems": 1, "items": _model_schema()},
+            "workload": {
+                "type": "object",
+                "properties": {
+                    "mode": {
+                        "type": "string",
+                        "enum": ["devicePlugin", "dra"],
+                        "description": "devicePlugin (default): one container holds nvidia.com/gpu: 1 and runs "
+                        "every model's server; dra: a shared ResourceClaim (Kubernetes >= 1.34)",
+                    },
+                    "replicas": {"type": "integer", "minimum": 0, "maximum": 64},
+                    "image": {"type": "string", "minLength": 1},
+                    "adminTokenSecret": {"type": "string", "description": "Secret with key 'token' for the admin API"},
+                    "offloadBytes": {**_BYTES, "description": "CPU offload tier per model"},
+                    "deviceClassName": {"type": "string", "description": "DRA DeviceClass (default gpu.nvidia.com)"},
+                },
+            },
             "rebalance": {
                 "type": "object",
                 "properties": {

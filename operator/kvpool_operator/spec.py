@@ -8,12 +8,19 @@ raise it as a ``kopf.PermanentError`` unchanged.
       models:
         - {name: llama, model: /models/llama-3.1-8b, minBytes: 4Gi, maxBytes: 30Gi, weight: 2}
         - {name: qwen,  model: /models/qwen-7b,      minBytes: 4Gi, maxBytes: 30Gi}
+      workload:                           # optional; these are the defaults
+        mode: devicePlugin                # or dra (Kubernetes >= 1.34 with the NVIDIA DRA driver)
+        replicas: 1                       # pods, one GPU each; every pod is balanced on its own
+        image: ghcr.io/kvpool/kvpool:0.1.0
+        adminTokenSecret: ""              # Secret (key "token") guarding the servers' admin API
+        offloadBytes: 0                   # CPU tier per model (a memory-backed /dev/shm that large)
 """
 
 from __future__ import annotations
 
+import enum
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool_operator.policy import GroupPolicy, ModelBudget
@@ -34,11 +41,32 @@ class ModelSpec:
     args: tuple[str, ...]
 
 
+class Mode(enum.Enum):
+    """How the group's pod gets its one GPU."""
+
+    DEVICE_PLUGIN = "devicePlugin"  #: one container requests nvidia.com/gpu: 1 and runs every server
+    DRA = "dra"  #: one ResourceClaim shared by one container per model (Kubernetes >= 1.34)
+
+
+DEFAULT_IMAGE = "ghcr.io/kvpool/kvpool:0.1.0"
+
+
+@dataclass(frozen=True)
+class Workload:
+    mode: Mode = Mode.DEVICE_PLUGIN
+    replicas: int = 1
+    image: str = DEFAULT_IMAGE
+    admin_token_secret: str = ""
+    offload_bytes: int = 0
+    device_class: str = "gpu.nvidia.com"
+
+
 @dataclass(frozen=True)
 class GroupSpec:
     policy: GroupPolicy
     models: tuple[ModelSpec, ...]
     interval_s: float
+    workload: Workload = field(default_factory=Workload)
 
 
 def quantity(value: Any, path: str) -> int:
@@ -81,7 +109,35 @@ def parse_group(spec: dict[str, Any]) -> GroupSpec:
             f"spec.models[*].minBytes add up to {floor} bytes, more than spec.gpuMemoryBudgetBytes ({budget}): "
             "lower a minimum or raise the budget"
         )
-    return GroupSpec(policy, tuple(models), float(interval))
+    return GroupSpec(policy, tuple(models), float(interval), _workload(spec.get("workload") or {}))
+
+
+def _workload(raw: Any) -> Workload:
+    if not isinstance(raw, dict):
+        raise SpecError("spec.workload: must be an object")
+    try:
+        mode = Mode(raw.get("mode", Mode.DEVICE_PLUGIN.value))
+    except ValueError:
+        raise SpecError(f"spec.workload.mode: {raw.get('mode')!r} must be devicePlugin or dra") from None
+    replicas = raw.get("replicas", 1)
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or not 0 <= replicas <= 64:
+        raise SpecError(f"spec.workload.replicas: {replicas!r} must be an integer in 0..64")
+    image = raw.get("image", DEFAULT_IMAGE)
+    secret = raw.get("adminTokenSecret", "")
+    for key, value in (
+        ("image", image),
+        ("adminTokenSecret", secret),
+        ("deviceClassName", raw.get("deviceClassName", "")),
+    ):
+        if not isinstance(value, str):
+            raise SpecError(f"spec.workload.{key}: must be a string")
+    if not image:
+        raise SpecError("spec.workload.image: give the kvpool image to run")
+    return Workload(
+        mode=mode, replicas=replicas, image=image, admin_token_secret=secret,
+        offload_bytes=quantity(raw.get("offloadBytes", 0), "spec.workload.offloadBytes"),
+        device_class=raw.get("deviceClassName") or "gpu.nvidia.com",
+    )  # fmt: skip
 
 
 def _model(raw: Any, path: str) -> tuple[ModelBudget, ModelSpec]:

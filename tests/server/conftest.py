@@ -35,13 +35,13 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(model: Path, tmp: Path, *extra: str) -> Server:
+def start_server(model: Path, tmp: Path, *extra: str, limit: str = "256M", virtual: str = "1G") -> Server:
     token = tmp / "admin-token"
     token.write_text(TOKEN)
     port = free_port()
     log = tmp / f"server-{port}.log"
     cmd = [sys.executable, "-m", "kvpool_server", "--model", str(model), "--port", str(port),
-           "--limit-bytes", "256M", "--virtual-bytes", "1G", "--admin-token-file", str(token), *extra]  # fmt: skip
+           "--limit-bytes", limit, "--virtual-bytes", virtual, "--admin-token-file", str(token), *extra]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
     server = Server(f"http://127.0.0.1:{port}", proc, log)

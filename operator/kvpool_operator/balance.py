@@ -1,0 +1,130 @@
+"""One rebalancing round for one pod (one GPU): observe every model's pool, plan with the pure
+policy, apply shrinks, wait until they report ``applied``, then grant -- never more than has been
+released:
+
+    observe --> plan --> PUT shrinks --> poll until applied --> PUT grows (clipped to headroom)
+                                              | timeout: grows wait for a later round
+
+Headroom counts what is *physically* held: a pool whose shrink is still deferred holds
+max(limit, mapped), so the sum of what the pools may hold never exceeds the budget, even
+mid-flight. A pool that does not answer keeps its limit and marks the round degraded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpool_operator.policy import Infeasible, Observation, plan
+from kvpool_operator.pools import AdminClient, Endpoint, PoolUnreachable
+from kvpool_operator.spec import GroupSpec
+
+
+@dataclass(frozen=True)
+class Resize:
+    model: str
+    pod: str
+    old_bytes: int
+    new_bytes: int
+    status: str  #: applied | deferred | stale | conflict | failed | timeout
+
+
+@dataclass
+class PodRound:
+    pod: str
+    snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
+    resizes: list[Resize] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  #: unreachable servers, stuck shrinks, bad specs
+
+    @property
+    def balanced(self) -> bool:
+        return not self.problems and all(r.status == "applied" for r in self.resizes)
+
+
+def observation(snap: Mapping[str, Any], last_preemptions: int) -> Observation:
+    demand = snap.get("demand") or {}
+    return Observation(
+        limit_bytes=int(snap["limit_bytes"]),
+        used_bytes=int(snap["used_blocks"]) * int(snap["block_bytes"]),
+        waiting_requests=int(demand.get("waiting_requests", 0)),
+        preemptions=max(0, int(demand.get("preemptions", 0)) - last_preemptions),
+    )
+
+
+class Balancer:
+    def __init__(self, client: AdminClient, wait_s: float = 10.0, clock: Callable[[], float] = time.time) -> None:
+        self.client, self.wait_s, self.clock = client, wait_s, clock
+
+    def round(
+        self, group: GroupSpec, pod: str, eps: Mapping[str, Endpoint], known: Mapping[str, int],
+        preemptions: Mapping[str, int],
+    ) -> PodRound:  # fmt: skip
+        """``known``: last known limit per model (for servers that do not answer);
+        ``preemptions``: each model's preemption counter at the previous round."""
+        out = PodRound(pod)
+        observed: dict[str, Observation] = {}
+        for budget in group.policy.models:
+            name = budget.name
+            try:
+                if name not in eps:
+                    raise PoolUnreachable(f"{name}: no ready endpoint on pod {pod}")
+                out.snapshots[name] = snap = self.client.snapshot(eps[name])
+                observed[name] = observation(snap, preemptions.get(name, 0))
+            except PoolUnreachable as e:
+                out.problems.append(str(e))
+                observed[name] = Observation(known.get(name, budget.min_bytes), 0, reachable=False)
+        result = plan(group.policy, observed)
+        if isinstance(result, Infeasible):
+            out.problems.append(result.reason)
+            return out
+        revision = self._revision(out.snapshots.values())
+        held = {
+            n: max(o.limit_bytes, int(out.snapshots.get(n, {}).get("mapped_bytes", 0))) for n, o in observed.items()
+        }
+        for name in result.shrinks:
+            held[name] = self._shrink(out, eps[name], observed[name].limit_bytes, result.limits[name], revision)
+        headroom = group.policy.budget_bytes - sum(held.values())
+        for name in result.grows:
+            old = observed[name].limit_bytes
+            new = min(result.limits[name], old + max(0, headroom))
+            if new > old:
+                status = self._set(out, eps[name], old, new, revision)
+                headroom -= (new - old) if status in ("applied", "deferred") else 0
+        return out
+
+    def _revision(self, snaps: Any) -> int:
+        """Monotonic per pool across operator restarts: wall-clock milliseconds, and always above
+        every revision a pool has seen."""
+        seen = [int((s.get("pending") or {}).get("revision", 0)) for s in snaps]
+        return max([int(self.clock() * 1000), *[r + 1 for r in seen]])
+
+    def _set(self, out: PodRound, ep: Endpoint, old: int, new: int, revision: int) -> str:
+        try:
+            status = str(self.client.set_limit(ep, new, revision)["status"])
+        except PoolUnreachable as e:
+            out.problems.append(str(e))
+            status = "failed"
+        out.resizes.append(Resize(ep.model, ep.pod, old, new, status))
+        return status
+
+    def _shrink(self, out: PodRound, ep: Endpoint, old: int, new: int, revision: int) -> int:
+        """Shrink and wait for ``applied``; return what the pool may still hold physically."""
+        status = self._set(out, ep, old, new, revision)
+        deadline = self.clock() + self.wait_s
+        while status == "deferred" and self.clock() < deadline:
+            time.sleep(0.1)
+            try:
+                snap = self.client.snapshot(ep)
+            except PoolUnreachable:
+                break
+            status = str(snap["pending"]["status"]) if snap["pending"]["revision"] == revision else "stale"
+            out.snapshots[ep.model] = snap
+        if status != "applied":
+            out.problems.append(f"{ep.model} on {ep.pod}: shrink to {new} bytes is {status}; grants wait")
+            out.resizes[-1] = Resize(ep.model, ep.pod, old, new, status if status != "deferred" else "timeout")
+            latest = out.snapshots.get(ep.model)
+            return max(new, int(latest["mapped_bytes"])) if latest else old
+        out.resizes[-1] = Resize(ep.model, ep.pod, old, new, "applied")
+        return new

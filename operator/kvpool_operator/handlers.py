@@ -1,0 +1,160 @@
+"""The kopf handlers: run each ColocatedModels group and keep moving memory between its models.
+
+* create / update (spec) / resume: parse the spec (a bad one is a ``PermanentError`` naming the
+  field), build the manifests (:mod:`kvpool_operator.builders`) and server-side-apply them;
+  idempotent, so a restarted operator converges to the same objects.
+* a timer: every ``spec.rebalance.intervalSeconds`` (the last round's time lives in the status,
+  so restarts neither skip nor double rounds) find each pod's servers through the per-model
+  Services' EndpointSlices and run a :class:`~kvpool_operator.balance.Balancer` round per pod;
+  write per-model status and the Ready / Balanced / Degraded conditions; post an Event for every
+  resize and every failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import logging
+from collections import defaultdict
+from typing import Any
+
+import kopf
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.dynamic import DynamicClient
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+from kvpool_operator.balance import Balancer, PodRound
+from kvpool_operator.builders import manifests
+from kvpool_operator.crd import GROUP, PLURAL, VERSION
+from kvpool_operator.pools import AdminClient, Endpoint, endpoints_from_slices, slice_selector
+from kvpool_operator.spec import GroupSpec, SpecError, parse_group
+from kvpool_operator.status import conditions, model_status, now
+
+log = logging.getLogger(__name__)
+FIELD_MANAGER = "kvpool-operator"
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.peering.name, settings.peering.mandatory, settings.peering.clusterwide = "kvpool-operator", False, True
+    try:
+        k8s_config.load_incluster_config()
+    except k8s_config.ConfigException:
+        k8s_config.load_kube_config()
+    memo.api = k8s.ApiClient()
+    memo.dynamic = DynamicClient(memo.api)
+
+
+def parse_or_fail(spec: Any) -> GroupSpec:
+    try:
+        return parse_group(dict(spec))
+    except SpecError as e:
+        raise kopf.PermanentError(f"invalid spec: {e}") from e
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def run_group(body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+    try:
+        group = parse_or_fail(spec)
+    except kopf.PermanentError as e:
+        patch.status["conditions"] = conditions(ready=False, balanced=False, degraded=True, reason="InvalidSpec",
+                                                message=str(e))  # fmt: skip
+        kopf.warn(body, reason="InvalidSpec", message=str(e))
+        raise
+    objects = manifests(dict(body), group)
+    for obj in objects:
+        apply(memo.dynamic, obj)
+    kopf.info(body, reason="Applied", message=f"{len(objects)} objects for {len(group.models)} models")
+    patch.status["observedGeneration"] = body.metadata.get("generation")
+
+
+def apply(dyn: DynamicClient, obj: dict[str, Any]) -> None:
+    kind, ns = obj["kind"], obj["metadata"].get("namespace")
+    try:
+        resource = dyn.resources.get(api_version=obj["apiVersion"], kind=kind)
+    except ResourceNotFoundError as e:
+        hint = " (dra mode needs Kubernetes >= 1.34 with the DRA API; use workload.mode: devicePlugin)"
+        raise kopf.PermanentError(f"the cluster does not serve {obj['apiVersion']} {kind}{hint}") from e
+    try:
+        dyn.server_side_apply(resource, body=obj, namespace=ns, field_manager=FIELD_MANAGER, force_conflicts=True)
+    except k8s.ApiException as e:
+        if e.status in (409, 429) or (e.status or 500) >= 500:
+            raise kopf.TemporaryError(f"applying {kind} {obj['metadata']['name']}: {e.reason}", delay=5) from e
+        raise kopf.PermanentError(f"applying {kind} {obj['metadata']['name']}: {e.status} {e.body}") from e
+
+
+def discover(dyn: DynamicClient, namespace: str, name: str) -> dict[str, dict[str, Endpoint]]:
+    """pod address -> model -> endpoint, from the per-model Services' EndpointSlices."""
+    slices = dyn.resources.get(group="discovery.k8s.io", kind="EndpointSlice")  # v1beta1 on 1.20, v1 later
+    items = dyn.get(slices, namespace=namespace, label_selector=slice_selector(name)).to_dict()["items"]
+    pods: dict[str, dict[str, Endpoint]] = defaultdict(dict)
+    for ep in endpoints_from_slices(items):
+        pods[ep.pod][ep.model] = ep
+    return dict(pods)
+
+
+def admin_token(api: k8s.ApiClient, namespace: str, secret: str) -> str | None:
+    if not secret:
+        return None
+    data = k8s.CoreV1Api(api).read_namespaced_secret(secret, namespace).data or {}
+    if "token" not in data:
+        raise kopf.TemporaryError(f"Secret {secret} has no key 'token'", delay=30)
+    return base64.b64decode(data["token"]).decode().strip()
+
+
+def due(status: Any, interval_s: float) -> bool:
+    last = (status.get("balance") or {}).get("lastRoundTime")
+    if not last:
+        return True
+    elapsed = dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(last.replace("Z", "+00:00"))
+    return elapsed.total_seconds() >= interval_s * 0.95
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=1.0, initial_delay=2.0)
+def balance(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: kopf.Memo, patch: kopf.Patch,
+            name: str, namespace: str | None, **_: Any) -> None:  # fmt: skip
+    assert namespace is not None  # the resource is namespaced
+    try:
+        group = parse_group(dict(spec))
+    except SpecError:
+        return  # run_group reported it
+    if not due(status, group.interval_s):
+        return
+    pods = discover(memo.dynamic, namespace, name)
+    previous = {(m["pod"], m["name"]): m for m in status.get("models") or []}
+    client = AdminClient(admin_token(memo.api, namespace, group.workload.admin_token_secret))
+    rounds: list[PodRound] = []
+    try:
+        balancer = Balancer(client, wait_s=min(10.0, group.interval_s))
+        for pod, eps in sorted(pods.items()):
+            known = {n: p["limitBytes"] for (pp, n), p in previous.items() if pp == pod and "limitBytes" in p}
+            preempt = {n: p.get("preemptions", 0) for (pp, n), p in previous.items() if pp == pod}
+            rounds.append(balancer.round(group, pod, eps, known, preempt))
+    finally:
+        client.close()
+    report(body, patch, group, rounds, previous)
+
+
+def report(body: kopf.Body, patch: kopf.Patch, group: GroupSpec, rounds: list[PodRound],
+           previous: dict[tuple[str, str], dict[str, Any]]) -> None:  # fmt: skip
+    for r in rounds:
+        for z in r.resizes:
+            kind = "Normal" if z.status in ("applied", "deferred") else "Warning"
+            kopf.event(body, type=kind, reason="Resized" if kind == "Normal" else "ResizeFailed",
+                       message=f"{z.model} on {z.pod}: {z.old_bytes} -> {z.new_bytes} bytes ({z.status})")  # fmt: skip
+        for problem in r.problems:
+            kopf.event(body, type="Warning", reason="Degraded", message=problem)
+    models = [model_status(r, m.name, previous.get((r.pod, m.name))) for r in rounds for m in group.models]
+    ready = bool(rounds) and all(len(r.snapshots) == len(group.models) for r in rounds)
+    degraded = not rounds or any(r.problems for r in rounds)
+    reason = "NoEndpoints" if not rounds else ("Degraded" if degraded else "Balanced")
+    message = "; ".join(p for r in rounds for p in r.problems) or ("no ready pods found" if not rounds else "")
+    patch.status["models"] = models
+    patch.status["conditions"] = conditions(ready, all(r.balanced for r in rounds) and bool(rounds), degraded,
+                                            reason, message)  # fmt: skip
+    patch.status["balance"] = {"lastRoundTime": now(), "pods": len(rounds)}

@@ -1,0 +1,249 @@
+"""The operator against a real Kubernetes API server (1.20, started by the session) and two real
+kvpool-server processes on this machine, registered as the group's endpoints through
+EndpointSlices -- the discovery path the operator uses in a cluster. It builds the workload,
+rejects bad specs with clear messages, moves memory toward the loaded model (shrinks first, the
+sum of limits within the budget at every sample), posts Events, and runs with exactly the
+chart's ClusterRole."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kvpool_operator.crd import GROUP, PLURAL, VERSION, build_crd
+from kvpool_operator.rbac import cluster_role
+
+from tests.k8s.cluster import TOKEN, TOKEN_USER, Cluster
+from tests.server.conftest import TOKEN as ADMIN_TOKEN
+from tests.server.conftest import Server, start_server, stop_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+MiB = 1 << 20
+NS = "kvtest"
+OPERATOR = ["run", "--standalone", "--namespace", NS, "-m", "kvpool_operator.handlers", "--verbose"]
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+        except k8s.ApiException as e:
+            if e.status != 404:
+                raise
+            value = None
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def admin(cluster: Cluster) -> k8s.ApiClient:
+    api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig()))
+    ext = k8s.ApiextensionsV1Api(api)
+    ext.create_custom_resource_definition(build_crd())
+    wait_for(lambda: any(c.type == "Established" and c.status == "True"
+                         for c in ext.read_custom_resource_definition(f"{PLURAL}.{GROUP}").status.conditions or []),
+             what="the CRD")  # fmt: skip
+    k8s.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
+    k8s.CoreV1Api(api).create_namespaced_secret(
+        NS, {"metadata": {"name": "admin-token"}, "stringData": {"token": ADMIN_TOKEN}}
+    )
+    return api
+
+
+@pytest.fixture
+def operator(cluster: Cluster, admin: k8s.ApiClient, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    import kopf.testing
+
+    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig()))
+    with kopf.testing.KopfRunner(OPERATOR) as runner:
+        yield
+    assert runner.exception is None, runner.output[-3000:]
+
+
+def group_body(name: str, models: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ColocatedModels", "metadata": {"name": name},
+        "spec": {"gpuMemoryBudgetBytes": "256Mi", "models": models, **spec},
+    }  # fmt: skip
+
+
+def create(api: k8s.ApiClient, body: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+    return out
+
+
+def get(api: k8s.ApiClient, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = k8s.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+    return out
+
+
+def events(api: k8s.ApiClient, name: str) -> list[Any]:
+    return [e for e in k8s.CoreV1Api(api).list_namespaced_event(NS).items if e.involved_object.name == name]
+
+
+TWO = [
+    {"name": "a", "model": "/models/a", "minBytes": "32Mi", "maxBytes": "224Mi"},
+    {"name": "b", "model": "/models/b", "minBytes": "32Mi", "maxBytes": "224Mi"},
+]
+
+
+def test_a_group_gets_its_workload_owned_by_it(admin: k8s.ApiClient, operator: None) -> None:
+    cr = create(admin, group_body("g1", TWO))
+    apps, core = k8s.AppsV1Api(admin), k8s.CoreV1Api(admin)
+    dep = wait_for(lambda: apps.read_namespaced_deployment("g1", NS), what="the Deployment")
+    container = dep.spec.template.spec.containers[0]
+    assert container.command == ["python", "-m", "kvpool_server.group"]
+    assert container.resources.limits == {"nvidia.com/gpu": "1"}
+    names = {s.metadata.name for s in core.list_namespaced_service(NS, label_selector=f"{GROUP}/group=g1").items}
+    assert names == {"g1", "g1-a", "g1-b"}
+    for obj in [dep, *core.list_namespaced_service(NS, label_selector=f"{GROUP}/group=g1").items]:
+        (ref,) = obj.metadata.owner_references
+        assert (ref.kind, ref.name, ref.uid, ref.controller) == ("ColocatedModels", "g1", cr["metadata"]["uid"], True)
+    # the spec changes roll out: one more replica
+    k8s.CustomObjectsApi(admin).patch_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, "g1", {"spec": {"workload": {"replicas": 2}}}
+    )
+    wait_for(lambda: apps.read_namespaced_deployment("g1", NS).spec.replicas == 2, what="the rollout")
+
+
+def test_bad_specs_are_refused_with_messages_that_name_the_field(admin: k8s.ApiClient, operator: None) -> None:
+    with pytest.raises(k8s.ApiException) as schema:  # the CRD schema: at admission
+        create(admin, group_body("bad1", [{**TWO[0], "minBytes": "lots"}]))
+    assert schema.value.status == 422
+    assert "spec.models[0].minBytes" in schema.value.body
+    create(admin, group_body("bad2", [{**TWO[0], "minBytes": "200Mi", "maxBytes": "100Mi"}]))  # admitted ...
+    cond = wait_for(lambda: {c["type"]: c for c in get(admin, "bad2").get("status", {}).get("conditions", [])},
+                    what="the InvalidSpec condition")  # fmt: skip
+    assert cond["Ready"]["reason"] == "InvalidSpec"
+    assert "spec.models[0]: minBytes" in cond["Ready"]["message"]
+    assert any(e.reason == "InvalidSpec" for e in events(admin, "bad2"))
+    with pytest.raises(k8s.ApiException):
+        k8s.AppsV1Api(admin).read_namespaced_deployment("bad2", NS)  # ... but nothing was built
+
+
+def register(api: k8s.ApiClient, group: str, model: str, server: Server) -> None:
+    """What the endpoint-slice controller does for a pod: here the 'pod' is a local server."""
+    port = int(server.url.rsplit(":", 1)[1])
+    body = {
+        "apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice", "addressType": "IPv4",
+        "metadata": {"name": f"{group}-{model}-local", "labels": {
+            "kubernetes.io/service-name": f"{group}-{model}", f"{GROUP}/group": group, f"{GROUP}/model": model,
+            "endpointslice.kubernetes.io/managed-by": "kvpool-tests"}},
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
+    }  # fmt: skip
+    k8s.CustomObjectsApi(api).create_namespaced_custom_object("discovery.k8s.io", "v1beta1", NS, "endpointslices", body)
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
+    out = {m: start_server(tiny_model, tmp_path_factory.mktemp(f"srv-{m}"), limit="128M", virtual="512M") for m in "ab"}
+    yield out
+    for s in out.values():
+        stop_server(s)
+
+
+def load(server: Server, stop: threading.Event) -> None:
+    """Many long prompts at once: the pool fills and requests queue."""
+
+    def one(i: int) -> None:
+        while not stop.is_set():
+            httpx.post(
+                server.url + "/v1/completions",
+                timeout=120,
+                json={"model": "tiny", "prompt": [list(range(10 + i, 1700 + i))], "max_tokens": 64, "ignore_eos": True},
+            )
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(40)]
+    for t in threads:
+        t.start()
+    stop.wait()
+    for t in threads:
+        t.join(timeout=120)
+
+
+def test_the_operator_moves_memory_toward_the_loaded_model(
+    admin: k8s.ApiClient, operator: None, servers: dict[str, Server]
+) -> None:
+    budget, start = 256 * MiB, 128 * MiB
+    for model, server in servers.items():
+        register(admin, "g2", model, server)
+    create(
+        admin,
+        group_body(
+            "g2",
+            TWO,
+            workload={"adminTokenSecret": "admin-token"},
+            rebalance={"intervalSeconds": 2, "hysteresisBytes": "8Mi", "maxStepBytes": "64Mi"},
+        ),
+    )
+    wait_for(lambda: len([m for m in get(admin, "g2").get("status", {}).get("models", []) if m["reachable"]]) == 2,
+             what="both pools observed")  # fmt: skip
+    stop = threading.Event()
+    loader = threading.Thread(target=load, args=(servers["a"], stop), daemon=True)
+    admins = {m: s.admin() for m, s in servers.items()}
+    t0 = time.monotonic()
+    loader.start()
+    try:
+        while True:
+            snaps = {m: c.get("/kvpool").json() for m, c in admins.items()}
+            limits = {m: s["limit_bytes"] for m, s in snaps.items()}
+            assert sum(limits.values()) <= budget, limits  # shrinks first: never over budget
+            if limits["a"] > start and limits["b"] < start and snaps["a"]["mapped_bytes"] > start:
+                break
+            assert time.monotonic() - t0 < 150, f"memory did not move toward the loaded model: {snaps}"
+            time.sleep(0.2)
+        print(f"reaction: {time.monotonic() - t0:.1f} s from the load step to a's grown limit in use")
+    finally:
+        stop.set()
+        loader.join(timeout=180)
+    resized = [e.message for e in events(admin, "g2") if e.reason == "Resized"]
+    assert any(m.startswith("b on 127.0.0.1") for m in resized), resized  # the shrink ...
+    assert any(m.startswith("a on 127.0.0.1") for m in resized), resized  # ... then the grant
+    status = wait_for(lambda: {m["name"]: m for m in get(admin, "g2")["status"]["models"]}, what="status")
+    assert status["a"]["limitBytes"] > start
+    for c in admins.values():
+        assert c.get("/kvpool/integrity").json() == {"ok": True}
+
+
+def test_the_operator_runs_with_exactly_the_charts_cluster_role(
+    cluster: Cluster, admin: k8s.ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kopf.testing
+
+    rbac = k8s.RbacAuthorizationV1Api(admin)
+    rbac.create_cluster_role(cluster_role("kvpool-operator-test"))
+    rbac.create_cluster_role_binding({
+        "metadata": {"name": "kvpool-operator-test"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "kvpool-operator-test"},
+        "subjects": [{"kind": "User", "name": TOKEN_USER, "apiGroup": "rbac.authorization.k8s.io"}],
+    })  # fmt: skip
+    kubeconfig = cluster.kubeconfig(token=TOKEN)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    with kopf.testing.KopfRunner(OPERATOR) as runner:
+        create(admin, group_body("g3", TWO))
+        wait_for(lambda: k8s.AppsV1Api(admin).read_namespaced_deployment("g3", NS), what="the Deployment")
+        wait_for(lambda: get(admin, "g3").get("status", {}).get("conditions"), what="status written")
+    assert runner.exception is None
+    assert "Forbidden" not in runner.output, runner.output[-3000:]
+    user = k8s_config.new_client_from_config(config_file=str(kubeconfig))
+    for denied in (
+        lambda: k8s.AppsV1Api(user).delete_namespaced_deployment("g3", NS),
+        lambda: k8s.CoreV1Api(user).list_namespaced_secret(NS),
+        lambda: k8s.CoreV1Api(user).create_namespace({"metadata": {"name": "nope"}}),
+        lambda: k8s.CustomObjectsApi(user).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "g3"),
+    ):
+        with pytest.raises(k8s.ApiException) as e:
+            denied()
+        assert e.value.status == 403

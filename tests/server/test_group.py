@@ -1,0 +1,44 @@
+"""The group launcher (device-plugin mode: every model's server in one container): clear errors
+for a bad configuration, and a server that dies takes the group down with its status, so
+Kubernetes restarts the pod instead of running a group with a model missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def launch(value: str | None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "KVPOOL_GROUP_SERVERS"}
+    if value is not None:
+        env["KVPOOL_GROUP_SERVERS"] = value
+    return subprocess.run([sys.executable, "-m", "kvpool_server.group"], env=env, capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (None, "set KVPOOL_GROUP_SERVERS"),
+        ("{not json", "is not JSON"),
+        ("[]", "non-empty JSON list"),
+        ('[{"name": "a"}]', "KVPOOL_GROUP_SERVERS[0] needs a string 'name' and a list 'args'"),
+    ],
+)
+def test_a_bad_group_configuration_is_a_clear_error(value: str | None, message: str) -> None:
+    out = launch(value)
+    assert out.returncode != 0
+    assert message in out.stderr
+
+
+def test_a_server_that_exits_stops_the_group_with_its_status() -> None:
+    servers = [{"name": "a", "args": ["--port", "0"]}, {"name": "b", "args": ["--limit-bytes", "lots"]}]
+    out = launch(json.dumps(servers))
+    assert out.returncode != 0
+    assert "--port (env KVPOOL_PORT)" in out.stderr or "--limit-bytes" in out.stderr  # the server's own error
+    assert "exited with" in out.stderr
+    assert "stopping the group" in out.stderr

