@@ -67,6 +67,7 @@ bench: install ## CPU benchmarks side by side; ratios printed, JSON in results/
 	$(PY) -m bench.bench_offload
 	$(PY) -m bench.bench_engine
 	$(PY) -m bench.bench_server
+	$(PY) -m bench.bench_operator
 
 lock-hash: ## print the hash of the locks (.ci/run names its cached virtualenv after it)
 	@echo $(LOCK_HASH)

@@ -1,0 +1,97 @@
+"""Operator reaction time: from a load step on one model to its grown limit applied and in use.
+
+Two real kvpool-servers (tiny model, CPU) share a 256 MiB budget, 128 MiB each. The operator's own
+round code (``kvpool_operator.balance.Balancer`` with the group's pure policy, the same calls the
+kopf timer makes each interval) runs every ``--interval`` seconds; a burst of long prompts hits
+model ``a``. Printed: seconds until ``a``'s grown limit is applied, seconds until its mapped memory
+exceeds the old limit, and how many rounds that took. (The Kubernetes round trip -- EndpointSlice
+discovery and the status patch -- is measured end to end in tests/operator/test_handlers.py.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from kvpool_operator.balance import Balancer
+from kvpool_operator.pools import AdminClient, Endpoint
+from kvpool_operator.spec import parse_group
+
+from bench.bench_server import free_port, start
+from bench.common import write_result
+
+MiB = 1 << 20
+
+
+def burst(url: str, stop: threading.Event, streams: int) -> None:
+    def one(i: int) -> None:
+        body = {"model": "a", "prompt": [list(range(10 + i, 1700 + i))], "max_tokens": 64, "ignore_eos": True}
+        while not stop.is_set():
+            httpx.post(url + "/v1/completions", timeout=300, json=body)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(streams)]
+    for t in threads:
+        t.start()
+    stop.wait()
+    for t in threads:
+        t.join(timeout=300)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--interval", type=float, default=2.0, help="rebalance interval (s)")
+    ap.add_argument("--streams", type=int, default=40)
+    args = ap.parse_args(argv)
+    from kvpool.vllm.tiny_model import build_tiny_model
+
+    model = str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
+    group = parse_group({
+        "gpuMemoryBudgetBytes": "256Mi", "rebalance": {"hysteresisBytes": "8Mi", "maxStepBytes": "64Mi"},
+        "models": [{"name": n, "model": model, "minBytes": "32Mi", "maxBytes": "224Mi"} for n in "ab"],
+    })  # fmt: skip
+    tmp = Path(tempfile.mkdtemp())
+    ports = {n: free_port() for n in "ab"}
+    procs = [start([sys.executable, "-m", "kvpool_server", "--model", model, "--served-model-name", n, "--port",
+                    str(p), "--limit-bytes", "128M", "--virtual-bytes", "512M"], p, tmp / f"{n}.log")
+             for n, p in ports.items()]  # fmt: skip
+    eps = {n: Endpoint("127.0.0.1", n, p) for n, p in ports.items()}
+    client = AdminClient()
+    balancer = Balancer(client, wait_s=args.interval)
+    stop = threading.Event()
+    rounds, applied_s, in_use_s, preempt = 0, None, None, {n: 0 for n in "ab"}
+    loader = threading.Thread(target=burst, args=(eps["a"].url, stop, args.streams), daemon=True)
+    t0 = time.monotonic()
+    loader.start()
+    try:
+        while in_use_s is None and time.monotonic() - t0 < 300:
+            r = balancer.round(group, "127.0.0.1", eps, {}, preempt)
+            rounds += 1
+            preempt = {n: int(s["demand"]["preemptions"]) for n, s in r.snapshots.items()}
+            deadline = time.monotonic() + args.interval
+            while time.monotonic() < deadline and in_use_s is None:
+                snap = client.snapshot(eps["a"])
+                if applied_s is None and snap["limit_bytes"] > 128 * MiB:
+                    applied_s = time.monotonic() - t0
+                if snap["mapped_bytes"] > 128 * MiB:
+                    in_use_s = time.monotonic() - t0
+                time.sleep(0.05)
+    finally:
+        stop.set()
+        loader.join(timeout=300)
+        client.close()
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=60)
+    print(f"interval {args.interval:.1f} s: grown limit applied after {applied_s:.2f} s, "
+          f"in use after {in_use_s:.2f} s, {rounds} rounds")  # fmt: skip
+    write_result("bench_operator", {"args": vars(args), "limit_applied_s": applied_s, "in_use_s": in_use_s,
+                                    "rounds": rounds})  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
