@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,3 +36,13 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from kvpool.vllm.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real Kubernetes API server (etcd + kube-apiserver 1.20 from `make k8s-tools`) for the session."""
+    from tests.k8s.cluster import start_cluster
+
+    c = start_cluster(tmp_path_factory.mktemp("k8s"))
+    yield c
+    c.stop()

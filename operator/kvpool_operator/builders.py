@@ -121,7 +121,7 @@ def _containers(group: GroupSpec) -> list[dict[str, Any]]:
         servers = [{"name": m.name, "args": server_args(group, m, ports[m.name], limits[m.name])} for m in group.models]
         c = _container("models", group, ["python", "-m", "kvpool_server.group"], list(ports.values()))
         c["env"].append({"name": "KVPOOL_GROUP_SERVERS", "value": json.dumps(servers, separators=(",", ":"))})
-        c["resources"] = {"limits": {"nvidia.com/gpu": 1}}
+        c["resources"] = {"limits": {"nvidia.com/gpu": "1"}}  # a quantity: a string for server-side apply
         return [c]
     out = []
     for m in group.models:

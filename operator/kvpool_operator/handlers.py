@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import logging
+import os
 from collections import defaultdict
 from typing import Any
 
@@ -43,9 +44,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     try:
         k8s_config.load_incluster_config()
     except k8s_config.ConfigException:
-        k8s_config.load_kube_config()
+        k8s_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # read now, not at import
     memo.api = k8s.ApiClient()
     memo.dynamic = DynamicClient(memo.api)
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """In a pod: the service account; elsewhere: $KUBECONFIG (read at login, not at import)."""
+    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
 def parse_or_fail(spec: Any) -> GroupSpec:
@@ -84,7 +91,7 @@ def apply(dyn: DynamicClient, obj: dict[str, Any]) -> None:
         dyn.server_side_apply(resource, body=obj, namespace=ns, field_manager=FIELD_MANAGER, force_conflicts=True)
     except k8s.ApiException as e:
         if e.status in (409, 429) or (e.status or 500) >= 500:
-            raise kopf.TemporaryError(f"applying {kind} {obj['metadata']['name']}: {e.reason}", delay=5) from e
+            raise kopf.TemporaryError(f"applying {kind} {obj['metadata']['name']}: {e.reason} {e.body}", delay=5) from e
         raise kopf.PermanentError(f"applying {kind} {obj['metadata']['name']}: {e.status} {e.body}") from e
 
 

@@ -77,7 +77,7 @@ def test_the_device_plugin_deployment_is_exactly_this() -> None:
                     "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                         "capabilities": {"drop": ["ALL"]}},
                     "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"}],
-                    "resources": {"limits": {"nvidia.com/gpu": 1}},
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
                 }],
                 "volumes": [{"name": "tmp", "emptyDir": {}},
                             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(5 * GiB)}}],
