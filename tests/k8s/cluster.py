@@ -5,6 +5,7 @@ and a static-token user with no rights until a test binds it some."""
 from __future__ import annotations
 
 import os
+import ssl
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -99,7 +100,9 @@ def start_cluster(d: Path) -> Cluster:
         f"--service-account-signing-key-file={d}/sa.key", "--service-cluster-ip-range=10.96.0.0/24",
         "--disable-admission-plugins=ServiceAccount",
     ], stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
-    client = httpx.Client(verify=str(d / "ca.crt"), cert=(str(d / "admin.crt"), str(d / "admin.key")), timeout=5)
+    tls = ssl.create_default_context(cafile=str(d / "ca.crt"))
+    tls.load_cert_chain(str(d / "admin.crt"), str(d / "admin.key"))
+    client = httpx.Client(verify=tls, timeout=5)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
