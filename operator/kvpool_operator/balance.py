@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpool_operator.builders import initial_limits
 from kvpool_operator.policy import Infeasible, Observation, plan
 from kvpool_operator.pools import AdminClient, Endpoint, PoolUnreachable
 from kvpool_operator.spec import GroupSpec
@@ -61,9 +62,11 @@ class Balancer:
         self, group: GroupSpec, pod: str, eps: Mapping[str, Endpoint], known: Mapping[str, int],
         preemptions: Mapping[str, int],
     ) -> PodRound:  # fmt: skip
-        """``known``: last known limit per model (for servers that do not answer);
-        ``preemptions``: each model's preemption counter at the previous round."""
+        """``known``: last known limit per model (for servers that do not answer; one never reached
+        is assumed to hold the limit it was started with); ``preemptions``: each model's
+        preemption counter at the previous round."""
         out = PodRound(pod)
+        started = initial_limits(group)
         observed: dict[str, Observation] = {}
         for budget in group.policy.models:
             name = budget.name
@@ -74,7 +77,7 @@ class Balancer:
                 observed[name] = observation(snap, preemptions.get(name, 0))
             except PoolUnreachable as e:
                 out.problems.append(str(e))
-                observed[name] = Observation(known.get(name, budget.min_bytes), 0, reachable=False)
+                observed[name] = Observation(known.get(name, started[name]), 0, reachable=False)
         result = plan(group.policy, observed)
         if isinstance(result, Infeasible):
             out.problems.append(result.reason)

@@ -217,6 +217,24 @@ def test_the_operator_moves_memory_toward_the_loaded_model(
         assert c.get("/kvpool/integrity").json() == {"ok": True}
 
 
+def test_servers_that_do_not_answer_make_the_group_degraded_and_keep_their_limits(
+    admin: k8s.ApiClient, operator: None
+) -> None:
+    from tests.server.conftest import free_port
+
+    for model in "ab":  # endpoints where nothing listens
+        register(admin, "g4", model, Server(f"http://127.0.0.1:{free_port()}", None, Path()))  # type: ignore[arg-type]
+    create(admin, group_body("g4", TWO, rebalance={"intervalSeconds": 1}))
+    cond = wait_for(lambda: {c["type"]: c for c in get(admin, "g4").get("status", {}).get("conditions", [])},
+                    what="conditions")  # fmt: skip
+    assert (cond["Degraded"]["status"], cond["Ready"]["status"]) == ("True", "False")
+    assert "ConnectError" in cond["Degraded"]["message"]
+    status = {m["name"]: m for m in get(admin, "g4")["status"]["models"]}
+    assert {m["reachable"] for m in status.values()} == {False}
+    assert all("lastResize" not in m for m in status.values())  # nothing was moved
+    assert wait_for(lambda: [e for e in events(admin, "g4") if e.reason == "Degraded"], what="a Degraded event")
+
+
 def test_the_operator_runs_with_exactly_the_charts_cluster_role(
     cluster: Cluster, admin: k8s.ApiClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
