@@ -16,10 +16,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--namespace", action="append", default=[], help="watch only this namespace (repeatable)")
     p.add_argument("--standalone", action="store_true", help="no peering: only for a single replica")
     p.add_argument("--liveness", default=None, help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz")
+    p.add_argument("--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0 = off)")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO)
     import kvpool_operator.handlers  # noqa: F401  (registers the handlers)
+
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port)
 
     kopf.run(
         standalone=args.standalone,

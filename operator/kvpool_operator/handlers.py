@@ -25,6 +25,7 @@ from kubernetes import config as k8s_config
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
+from kvpool_operator import metrics
 from kvpool_operator.balance import Balancer, PodRound
 from kvpool_operator.builders import manifests
 from kvpool_operator.crd import GROUP, PLURAL, VERSION
@@ -136,14 +137,22 @@ def balance(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: kopf.Me
     previous = {(m["pod"], m["name"]): m for m in status.get("models") or []}
     client = AdminClient(admin_token(memo.api, namespace, group.workload.admin_token_secret))
     rounds: list[PodRound] = []
-    try:
-        balancer = Balancer(client, wait_s=min(10.0, group.interval_s))
-        for pod, eps in sorted(pods.items()):
-            known = {n: p["limitBytes"] for (pp, n), p in previous.items() if pp == pod and "limitBytes" in p}
-            preempt = {n: p.get("preemptions", 0) for (pp, n), p in previous.items() if pp == pod}
-            rounds.append(balancer.round(group, pod, eps, known, preempt))
-    finally:
-        client.close()
+    labels = {"namespace": namespace, "group": name}
+    with metrics.ROUND_SECONDS.labels(**labels).time():
+        try:
+            balancer = Balancer(client, wait_s=min(10.0, group.interval_s))
+            for pod, eps in sorted(pods.items()):
+                known = {n: p["limitBytes"] for (pp, n), p in previous.items() if pp == pod and "limitBytes" in p}
+                preempt = {n: p.get("preemptions", 0) for (pp, n), p in previous.items() if pp == pod}
+                rounds.append(balancer.round(group, pod, eps, known, preempt))
+        finally:
+            client.close()
+    metrics.ROUNDS.labels(**labels).inc()
+    metrics.BUDGET.labels(**labels).set(group.policy.budget_bytes)
+    metrics.PODS.labels(**labels).set(len(rounds))
+    metrics.DEGRADED.labels(**labels).set(int(not rounds or any(r.problems for r in rounds)))
+    for z in (z for r in rounds for z in r.resizes):
+        metrics.RESIZES.labels(**labels, model=z.model, status=z.status).inc()
     report(body, patch, group, rounds, previous)
 
 

@@ -215,6 +215,12 @@ def test_the_operator_moves_memory_toward_the_loaded_model(
     assert status["a"]["limitBytes"] > start
     for c in admins.values():
         assert c.get("/kvpool/integrity").json() == {"ok": True}
+    from prometheus_client import REGISTRY
+
+    labels = {"namespace": NS, "group": "g2"}  # the operator's own series (same process: KopfRunner)
+    assert (REGISTRY.get_sample_value("kvpool_operator_resizes_total", {**labels, "model": "a", "status": "applied"})
+            or 0) >= 1  # fmt: skip
+    assert REGISTRY.get_sample_value("kvpool_group_budget_bytes", labels) == budget
 
 
 def test_servers_that_do_not_answer_make_the_group_degraded_and_keep_their_limits(
