@@ -106,3 +106,14 @@ def build_crd() -> dict[str, Any]:
             ],
         },
     }
+
+
+def main() -> None:
+    """Print the CRD as YAML (the chart's crds/ file is this output; a test keeps them equal)."""
+    import yaml
+
+    print(yaml.safe_dump(build_crd(), sort_keys=False), end="")
+
+
+if __name__ == "__main__":
+    main()

@@ -20,6 +20,7 @@ GAUGES = {
     "kvpool_mapped_bytes": ("mapped_bytes", "KV bytes backed by physical memory and holding blocks."),
     "kvpool_virtual_bytes": ("virtual_bytes", "Reserved virtual KV address space."),
     "kvpool_reserve_bytes": ("reserve_bytes", "Physical bytes backed ahead of use (not yet holding blocks)."),
+    "kvpool_block_bytes": ("block_bytes", "Bytes of one KV block (all layers): used bytes = used blocks x this."),
 }
 OFFLOAD_COUNTERS = {
     "kvpool_offload_hits": ("hits", "Prefix blocks served from the CPU offload tier."),

@@ -1,0 +1,129 @@
+"""The Helm chart, with the real Helm 4 binary: lint, render (default and representative values),
+offline validation for the oldest and newest Kubernetes supported, the values schema's errors,
+one source for the CRD and the RBAC rules, and a real install against the session's API server."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from kvpool_operator.crd import build_crd
+from kvpool_operator.rbac import rules
+
+from tests.k8s.cluster import BIN, Cluster
+
+CHART = Path(__file__).parents[2] / "helm" / "kvpool"
+VALUES = Path(__file__).parent / "values-representative.yaml"
+MONITORING = ["--api-versions", "monitoring.coreos.com/v1"]
+CUSTOM = ("kvpool.dev/", "monitoring.coreos.com/")
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "helm"), *args], capture_output=True, text=True, check=check, timeout=120)
+
+
+def render(*args: str) -> list[dict[str, Any]]:
+    out = helm("template", "kv", str(CHART), "--namespace", "kvpool-system", *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def test_lint_is_clean_with_default_and_representative_values() -> None:
+    helm("lint", "--strict", str(CHART))
+    helm("lint", "--strict", str(CHART), "-f", str(VALUES))  # helm lint has no --api-versions
+
+
+@pytest.mark.parametrize("version", ["1.25", "1.37"])
+@pytest.mark.parametrize("values", [[], ["-f", str(VALUES)]], ids=["default", "representative"])
+def test_rendered_manifests_are_valid_kubernetes(version: str, values: list[str]) -> None:
+    docs = render(*values, *MONITORING)
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "ClusterRole", "ServiceAccount", "ServiceMonitor", "PrometheusRule", "ConfigMap"} <= kinds
+    for d in docs:
+        if not d["apiVersion"].startswith(CUSTOM):  # custom resources: dry-run against the API server
+            kubernetes_validate.validate(d, version, strict=True)
+
+
+def test_representative_values_render_groups_and_secure_pods() -> None:
+    docs = render("-f", str(VALUES), *MONITORING)
+    groups = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ColocatedModels"}
+    assert set(groups) == {"pair", "trio"}
+    assert groups["pair"]["spec"]["workload"] == {
+        "image": "registry.example.com/kvpool:0.1.0", "adminTokenSecret": "kvpool-admin", "mode": "devicePlugin",
+        "offloadBytes": "2Gi", "replicas": 2,
+    }  # fmt: skip
+    assert not [d for d in docs if d["kind"] == "Secret"]  # an existing Secret was named
+    (op,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = op["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert "--standalone" not in c["args"]  # two replicas: kopf peering
+    assert "--namespace=ml" in c["args"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+    for d in docs:
+        labels = d["metadata"].get("labels", {})
+        assert labels.get("app.kubernetes.io/name") == "kvpool", d["kind"]
+        assert labels.get("app.kubernetes.io/instance") == "kv", d["kind"]
+
+
+def test_monitoring_objects_need_the_prometheus_operator() -> None:
+    kinds = {d["kind"] for d in render()}
+    assert "ServiceMonitor" not in kinds
+    assert "PrometheusRule" not in kinds
+
+
+def test_the_chart_carries_exactly_the_operators_crd_and_rbac_rules() -> None:
+    crd = yaml.safe_load((CHART / "crds" / "colocatedmodels.kvpool.dev.yaml").read_text())
+    assert crd == build_crd(), (
+        "regenerate: python -m kvpool_operator.crd > helm/kvpool/crds/colocatedmodels.kvpool.dev.yaml"
+    )
+    (role,) = [d for d in render() if d["kind"] == "ClusterRole"]
+    assert role["rules"] == rules()  # the rules the RBAC end-to-end test proves sufficient
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (["--set", "operator.replicas=0"], "/operator/replicas"),
+        (["--set", "operater.replicas=1"], "operater"),
+        (["--set", "groups[0].name=Bad_Name", "--set", "groups[0].gpuMemoryBudgetBytes=1Gi",
+          "--set", "groups[0].models[0].name=a"], "/groups/0/name"),
+        (["--set-json", 'groups=[{"name":"g","gpuMemoryBudgetBytes":"lots","models":[]}]'], "gpuMemoryBudgetBytes"),
+        (["--set", "monitoring.prometheusRule.nearBudgetRatio=2"], "nearBudgetRatio"),
+    ],
+)  # fmt: skip
+def test_the_values_schema_rejects_bad_values_with_the_key_named(values: list[str], message: str) -> None:
+    out = helm("template", "kv", str(CHART), *values, check=False)
+    assert out.returncode != 0
+    assert "values don't meet the specifications of the schema" in out.stderr
+    assert message in out.stderr
+
+
+@pytest.mark.e2e
+def test_install_on_a_real_api_server(cluster: Cluster, tmp_path: Path) -> None:
+    kubeconfig = str(cluster.kubeconfig())
+    kubectl = [str(BIN / "kubectl"), "--kubeconfig", kubeconfig]
+    subprocess.run([*kubectl, "apply", "-f", str(CHART / "crds")], check=True, capture_output=True, timeout=60)
+    subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd/colocatedmodels.kvpool.dev"], check=True,
+                   capture_output=True, timeout=60)  # fmt: skip
+    subprocess.run([*kubectl, "create", "namespace", "kvpool-system"], check=True, capture_output=True, timeout=60)
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(helm("template", "kv", str(CHART), "-n", "kvpool-system", "-f", str(VALUES)).stdout)
+    dry = subprocess.run([*kubectl, "apply", "--dry-run=server", "-n", "kvpool-system", "-f", str(rendered)],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert dry.returncode == 0, dry.stderr
+    assert "colocatedmodels.kvpool.dev/pair created (server dry run)" in dry.stdout
+    helm("install", "kv", str(CHART), "-n", "kvpool-system", "-f", str(VALUES), "--kubeconfig", kubeconfig)
+    kinds = "deploy,sa,svc,configmap,colocatedmodels"
+    got = subprocess.run([*kubectl, "-n", "kvpool-system", "get", kinds, "-o", "name"],
+                         capture_output=True, text=True, check=True, timeout=60).stdout.split()  # fmt: skip
+    for name in ("deployment.apps/kv-kvpool-operator", "serviceaccount/kv-kvpool-operator",
+                 "service/kv-kvpool-operator", "configmap/kv-kvpool-dashboard",
+                 "colocatedmodels.kvpool.dev/pair", "colocatedmodels.kvpool.dev/trio"):  # fmt: skip
+        assert name in got, got
+    helm("uninstall", "kv", "-n", "kvpool-system", "--kubeconfig", kubeconfig)
