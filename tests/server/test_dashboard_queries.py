@@ -1,0 +1,48 @@
+"""The chart's Grafana dashboard and alert rules only name metrics that a running kvpool-server
+(this session's real one, scraped over HTTP) and the operator really export."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.k8s.cluster import BIN
+from tests.server.conftest import Server
+
+pytestmark = [pytest.mark.e2e]
+CHART = Path(__file__).parents[2] / "helm" / "kvpool"
+NAME = re.compile(r"\b(kvpool_[a-z_]+|vllm:[a-z_:]+)")
+SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
+
+
+def queries() -> list[str]:
+    dash = json.loads((CHART / "dashboards" / "kvpool.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["definition"] for v in dash["templating"]["list"] if "definition" in v]
+    cmd = [str(BIN / "helm"), "template", "kv", str(CHART), "--api-versions", "monitoring.coreos.com/v1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    (rule,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "PrometheusRule"]
+    return exprs + [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+
+
+def exported(server: Server) -> set[str]:
+    import kvpool_operator.metrics  # noqa: F401  (registers the operator's families)
+
+    families = list(text_string_to_metric_families(httpx.get(server.url + "/metrics", timeout=30).text))
+    families += list(text_string_to_metric_families(generate_latest(REGISTRY).decode()))
+    return {f.name + s for f in families for s in SUFFIXES}
+
+
+def test_every_dashboard_and_alert_query_names_an_exported_metric(server: Server) -> None:
+    names = exported(server)
+    used = {n for q in queries() for n in NAME.findall(q)}
+    assert len(used) >= 15  # the panels cover memory, resizes, tier, requests, TTFT, queue, the operator
+    assert sorted(used - names) == []
