@@ -17,7 +17,7 @@ STAMP := $(VENV)/.kvpool-locks-$(LOCK_HASH)
 PIP := $(PY) -m pip install --disable-pip-version-check --no-deps -q
 QUIET := 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 
-.PHONY: help install k8s-tools serve demo test test-fast test-gpu lint format bench lock-hash clean
+.PHONY: help install k8s-tools serve demo test test-fast test-gpu lint chart image format bench lock-hash clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -41,11 +41,19 @@ serve: install ## set up and serve the embedded tiny model on the CPU: OpenAI AP
 demo: install ## a short, real demonstration of the pool: map on demand, shrink, trim, RSS
 	$(PY) -m kvpool.demo
 
-lint: install ## ruff (lint + format check), mypy (strict on kvpool), import contracts
+lint: install ## ruff (lint + format check), mypy (strict on kvpool), import contracts, hadolint
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy kvpool server/kvpool_server operator/kvpool_operator
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/hadolint Dockerfile
+
+chart: install k8s-tools ## lint and render the Helm chart, validate it, install it on a throwaway API server
+	$(KVPOOL_K8S_BIN)/helm lint --strict helm/kvpool
+	$(PY) -m pytest tests/helm tests/operator/test_builders.py
+
+image: ## build the image (needs a container engine; the operator-only image: make image TARGET=operator)
+	docker build --target $(or $(TARGET),runtime) -t kvpool$(if $(filter operator,$(TARGET)),-operator):0.1.0 .
 
 format: install ## apply ruff's formatting and safe fixes
 	$(PY) -m ruff format .
