@@ -17,7 +17,7 @@ STAMP := $(VENV)/.kvpool-locks-$(LOCK_HASH)
 PIP := $(PY) -m pip install --disable-pip-version-check --no-deps -q
 QUIET := 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 
-.PHONY: help install k8s-tools serve demo test test-fast test-gpu lint chart image format bench lock-hash clean
+.PHONY: help install k8s-tools serve demo test test-fast test-gpu lint chart image format bench bench-colocation lock-hash clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -67,6 +67,9 @@ test-fast: install ## unit tests only (no e2e, no slow)
 
 test-gpu: install ## on an NVIDIA host: gpu tests + GPU micro-benchmarks -> results/gpu.json
 	PYTHON=$(PY) bench/gpu_check.sh
+
+bench-colocation: install ## two models, one KV budget: static split vs elastic (+ CPU tier) -> table, JSON, PNGs in results/
+	$(PY) -m bench.bench_colocation $(ARGS)
 
 bench: install ## CPU benchmarks side by side; ratios printed, JSON in results/
 	$(PY) -m bench.bench_pages

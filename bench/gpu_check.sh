@@ -11,3 +11,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 "$PYTHON" -m pytest -m gpu -p no:cacheprovider -o addopts="--strict-markers -ra" tests/ -q
 "$PYTHON" -m bench.gpu_bench
 "$PYTHON" -m bench.gpu_attention
+# The colocation headline on real hardware (needs vLLM and a local model): set KVPOOL_GPU_MODEL.
+if [ -n "${KVPOOL_GPU_MODEL:-}" ]; then
+  "$PYTHON" -m bench.bench_colocation --backend cuda --model "$KVPOOL_GPU_MODEL" \
+    --budget "${KVPOOL_GPU_BUDGET:-8589934592}" --offload-bytes "${KVPOOL_GPU_OFFLOAD:-4294967296}" \
+    --heavy-rate 20 --prompt-tokens 1000 3000 --max-tokens 64 256
+fi
