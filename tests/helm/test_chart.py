@@ -19,7 +19,7 @@ from tests.k8s.cluster import BIN, Cluster
 CHART = Path(__file__).parents[2] / "helm" / "kvpool"
 VALUES = Path(__file__).parent / "values-representative.yaml"
 MONITORING = ["--api-versions", "monitoring.coreos.com/v1"]
-CUSTOM = ("kvpool.dev/", "monitoring.coreos.com/")
+CUSTOM = ("kvpool.dev/", "monitoring.coreos.com/", "kopf.dev/")
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -61,6 +61,7 @@ def test_representative_values_render_groups_and_secure_pods() -> None:
     (c,) = pod["containers"]
     assert "--standalone" not in c["args"]  # two replicas: kopf peering
     assert "--namespace=ml" in c["args"]
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterKopfPeering"] == ["kvpool-operator"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -79,6 +80,8 @@ def test_monitoring_objects_need_the_prometheus_operator() -> None:
 
 def test_the_chart_carries_exactly_the_operators_crd_and_rbac_rules() -> None:
     crd = yaml.safe_load((CHART / "crds" / "colocatedmodels.kvpool.dev.yaml").read_text())
+    assert {p.name for p in (CHART / "crds").iterdir()} == {"colocatedmodels.kvpool.dev.yaml",
+                                                          "clusterkopfpeerings.kopf.dev.yaml"}  # fmt: skip
     assert crd == build_crd(), (
         "regenerate: python -m kvpool_operator.crd > helm/kvpool/crds/colocatedmodels.kvpool.dev.yaml"
     )
