@@ -21,6 +21,7 @@ def summarize(run: dict[str, Any], model: str | None) -> dict[str, float]:
     ttft, lat = [o["ttft_s"] for o in ok], [o["latency_s"] for o in ok]
     finals = [f for m, f in run["final"].items() if model is None or m == model]
     resizes = [z for r in run["rounds"] for z in r["resizes"] if model is None or z["model"] == model]
+    moving = [r["seconds"] for r in run["rounds"] if r["resizes"]]  # rounds that resized: incl. shrink waits
     return {
         "requests": len(outs), "failed": len(outs) - len(ok),
         "ttft_p50_s": pct(ttft, 0.5), "ttft_p99_s": pct(ttft, 0.99),
@@ -28,13 +29,14 @@ def summarize(run: dict[str, Any], model: str | None) -> dict[str, float]:
         "throughput_tok_s": sum(o["tokens"] for o in ok) / run["wall_s"],
         "preemptions": sum(f["demand"]["preemptions"] for f in finals),
         "resizes": len(resizes),
+        "resize_round_p50_s": pct(moving, 0.5) if moving else 0.0,
         "tier_hits": sum((f.get("offload") or {}).get("hits", 0) for f in finals),
     }  # fmt: skip
 
 
 def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
     keys = ["ttft_p50_s", "ttft_p99_s", "latency_p50_s", "latency_p99_s", "throughput_tok_s", "preemptions",
-            "failed", "resizes", "tier_hits"]  # fmt: skip
+            "failed", "resizes", "resize_round_p50_s", "tier_hits"]  # fmt: skip
     lines = ["| scope | metric | static | elastic | elastic / static |", "|---|---|---|---|---|"]
     for scope in summary["static"]:
         for k in keys:
