@@ -70,6 +70,9 @@ def stop_server(server: Server, grace: float = 60) -> int:
 
 @pytest.fixture(scope="session")
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(tiny_model, tmp_path_factory.mktemp("server"), "--api-key", API_KEY, "--log-json", "true")
+    tmp = tmp_path_factory.mktemp("server")
+    # the CPU tier on: every HTTP test also runs the tier's stores, loads and unmap fences
+    s = start_server(tiny_model, tmp, "--api-key", API_KEY, "--log-json", "true", "--offload-bytes", "64M",
+                     "--offload-dir", str(tmp))  # fmt: skip
     yield s
     stop_server(s)

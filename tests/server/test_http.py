@@ -160,6 +160,25 @@ def test_trim_releases_memory(server: Server) -> None:
     assert trimmed["mapped_bytes"] <= trimmed["page_bytes"] * 2
 
 
+def test_a_prefix_released_by_trim_comes_back_from_the_cpu_tier_and_is_counted(server: Server) -> None:
+    admin, client = server.admin(), openai_client(server)
+    prompt = [list(range(300, 300 + 32 * 40))]  # 40 whole blocks
+    first = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
+                                      extra_body={"ignore_eos": True})  # fmt: skip
+    before = metrics(server)
+    admin.post("/kvpool/trim")  # the pool drops the cached prefix: the tier keeps it
+    again = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0,
+                                      extra_body={"ignore_eos": True})  # fmt: skip
+    after = metrics(server)
+    assert again.choices[0].text == first.choices[0].text
+    hits = sample(after, "kvpool_offload_hits", "kvpool_offload_hits_total", model=MODEL) - sample(
+        before, "kvpool_offload_hits", "kvpool_offload_hits_total", model=MODEL
+    )
+    assert hits >= 36  # the blocks beside the null block in page 0 may stay in the pool
+    assert sample(after, "kvpool_offload_capacity_bytes", model=MODEL) == 64 * MiB
+    assert any(name.startswith("vllm:kv_offload") for name in after)  # vLLM's own offload series too
+
+
 def test_64_streams_survive_a_limit_cut_and_restore_without_leaks(server: Server) -> None:
     import openai
 
