@@ -20,7 +20,7 @@ QUIET := 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 .PHONY: help install k8s-tools serve demo test test-fast test-gpu lint chart image format bench bench-colocation lock-hash clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 $(STAMP):  # no file prerequisites: the name already carries the locks' hash (clones have new mtimes)
 	rm -rf $(VENV)
@@ -62,7 +62,7 @@ format: install ## apply ruff's formatting and safe fixes
 test: install k8s-tools lint ## set up, lint, and run every test that this machine can run
 	$(PY) -m pytest
 
-test-fast: install ## unit tests only (no e2e, no slow)
+test-fast: install k8s-tools ## unit tests only (no e2e, no slow)
 	$(PY) -m pytest -m "not e2e and not slow"
 
 test-gpu: install ## on an NVIDIA host: gpu tests + GPU micro-benchmarks -> results/gpu.json
