@@ -16,16 +16,18 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from kvpool_operator.balance import Balancer
 from kvpool_operator.pools import AdminClient, Endpoint
-from kvpool_operator.spec import parse_group
+from kvpool_operator.spec import GroupSpec, parse_group
 
 from bench.bench_server import free_port, start
 from bench.common import write_result
 
 MiB = 1 << 20
+START = 128 * MiB  # each pool's limit before the load step
 
 
 def burst(url: str, stop: threading.Event, streams: int) -> None:
@@ -40,6 +42,36 @@ def burst(url: str, stop: threading.Event, streams: int) -> None:
     stop.wait()
     for t in threads:
         t.join(timeout=300)
+
+
+def react(group: GroupSpec, eps: dict[str, Endpoint], interval: float, streams: int) -> tuple[Any, Any, int]:
+    """Load step on ``a`` at t=0; rounds every ``interval``; poll ``a``'s pool in between.
+    Returns (limit applied s, grown memory in use s, rounds)."""
+    client = AdminClient()
+    balancer = Balancer(client, wait_s=interval)
+    stop = threading.Event()
+    rounds, applied_s, in_use_s, preempt = 0, None, None, {n: 0 for n in eps}
+    loader = threading.Thread(target=burst, args=(eps["a"].url, stop, streams), daemon=True)
+    t0 = time.monotonic()
+    loader.start()
+    try:
+        while in_use_s is None and time.monotonic() - t0 < 300:
+            r = balancer.round(group, "127.0.0.1", eps, {}, preempt)
+            rounds += 1
+            preempt = {n: int(s["demand"]["preemptions"]) for n, s in r.snapshots.items()}
+            deadline = time.monotonic() + interval
+            while time.monotonic() < deadline and in_use_s is None:
+                snap = client.snapshot(eps["a"])
+                if applied_s is None and snap["limit_bytes"] > START:
+                    applied_s = time.monotonic() - t0
+                if snap["mapped_bytes"] > START:
+                    in_use_s = time.monotonic() - t0
+                time.sleep(0.05)
+    finally:
+        stop.set()
+        loader.join(timeout=300)
+        client.close()
+    return applied_s, in_use_s, rounds
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -57,36 +89,15 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp())
     ports = {n: free_port() for n in "ab"}
     procs = [start([sys.executable, "-m", "kvpool_server", "--model", model, "--served-model-name", n, "--port",
-                    str(p), "--limit-bytes", "128M", "--virtual-bytes", "512M"], p, tmp / f"{n}.log")
+                    str(p), "--limit-bytes", str(START), "--virtual-bytes", "512M"], p, tmp / f"{n}.log")
              for n, p in ports.items()]  # fmt: skip
-    eps = {n: Endpoint("127.0.0.1", n, p) for n, p in ports.items()}
-    client = AdminClient()
-    balancer = Balancer(client, wait_s=args.interval)
-    stop = threading.Event()
-    rounds, applied_s, in_use_s, preempt = 0, None, None, {n: 0 for n in "ab"}
-    loader = threading.Thread(target=burst, args=(eps["a"].url, stop, args.streams), daemon=True)
-    t0 = time.monotonic()
-    loader.start()
     try:
-        while in_use_s is None and time.monotonic() - t0 < 300:
-            r = balancer.round(group, "127.0.0.1", eps, {}, preempt)
-            rounds += 1
-            preempt = {n: int(s["demand"]["preemptions"]) for n, s in r.snapshots.items()}
-            deadline = time.monotonic() + args.interval
-            while time.monotonic() < deadline and in_use_s is None:
-                snap = client.snapshot(eps["a"])
-                if applied_s is None and snap["limit_bytes"] > 128 * MiB:
-                    applied_s = time.monotonic() - t0
-                if snap["mapped_bytes"] > 128 * MiB:
-                    in_use_s = time.monotonic() - t0
-                time.sleep(0.05)
+        applied_s, in_use_s, rounds = react(group, {n: Endpoint("127.0.0.1", n, p) for n, p in ports.items()},
+                                            args.interval, args.streams)  # fmt: skip
     finally:
-        stop.set()
-        loader.join(timeout=300)
-        client.close()
-        for p in procs:
-            p.terminate()
-            p.wait(timeout=60)
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=60)
     print(f"interval {args.interval:.1f} s: grown limit applied after {applied_s:.2f} s, "
           f"in use after {in_use_s:.2f} s, {rounds} rounds")  # fmt: skip
     write_result("bench_operator", {"args": vars(args), "limit_applied_s": applied_s, "in_use_s": in_use_s,
