@@ -1,5 +1,6 @@
-"""Tensor parallelism: two CPU worker ranks, one pool each, the same page commands to both.
-Outputs match stock vLLM at the same tensor-parallel size; resizes and trims apply on both."""
+"""Tensor parallelism: two CPU worker ranks, one pool and one CPU-tier store each, the same page
+commands to both. Outputs match stock vLLM at the same tensor-parallel size; resizes apply on both;
+prefixes the shrink released come back from both ranks' tiers with identical output."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ def tp2_env() -> Any:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = old
 
 
-def test_two_ranks_serve_identically_to_stock_and_resize_together(tiny_model: Path, tp2_env: Any) -> None:
+def test_two_ranks_serve_identically_to_stock_and_resize_together(
+    tiny_model: Path, tp2_env: Any, tmp_path: Path
+) -> None:
     from vllm import SamplingParams
 
     from kvpool.vllm.args import PoolEngineConfig
@@ -44,7 +47,7 @@ def test_two_ranks_serve_identically_to_stock_and_resize_together(tiny_model: Pa
         stock.close()
     config = PoolEngineConfig(
         model=str(tiny_model), limit_bytes=64 * MiB, virtual_bytes=512 * MiB, tensor_parallel_size=2,
-        grow_ahead_blocks=8,
+        grow_ahead_blocks=8, offload_bytes=16 * MiB, offload_dir=str(tmp_path),
     )  # fmt: skip
     engine = EngineRunner(str(tiny_model), config, max_model_len=1024)
     try:
@@ -58,6 +61,13 @@ def test_two_ranks_serve_identically_to_stock_and_resize_together(tiny_model: Pa
         snap = engine.call("snapshot")
         assert snap["pending"]["status"] == "applied"
         assert snap["mapped_bytes"] <= 2 * MiB
+        assert len(list(tmp_path.glob("kvpool-tier-*"))) == 2  # one store per rank
+        engine.call("resize", limit_bytes=64 * MiB, revision=2)
+        engine.call("trim")  # every cached prefix block leaves the pools; the tiers keep them
+        again = [c.token_ids for c in engine.generate(batch, params)]
+        assert again == expected  # the prefixes came back from both ranks' tiers
+        prompt_blocks = len(batch) * (300 // 32)
+        assert engine.call("snapshot")["offload"]["hits"] >= prompt_blocks - 2  # page 0 may keep a block
         engine.call("check")
     finally:
         engine.close()
