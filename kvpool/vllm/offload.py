@@ -152,12 +152,30 @@ class KVPoolOffloadingSpec(CPUOffloadingSpec):
         if self.tier_worker is None:
             regions, chunk_bytes = block_regions(kv_caches)
             cuda = kv_caches.tensors[0].tensor.is_cuda
+            directory = Path(self.settings.offload_dir)
+            for stale in reap_stale(directory):
+                log.warning("kvpool tier: removed %s, left by a worker that is gone", stale)
             name = f"kvpool-tier-{_safe(self.settings.model)}-{os.getpid()}-r{self.config.parallel.rank}"
-            store = HostBlockStore(Path(self.settings.offload_dir) / name, self.num_chunks, chunk_bytes, pin=cuda)
+            store = HostBlockStore(directory / name, self.num_chunks, chunk_bytes, pin=cuda)
             self.tier_worker = TierWorker(regions, store, cuda)
             log.info("kvpool tier: %d chunks x %d bytes in %s (%d pieces per block)",
                      self.num_chunks, chunk_bytes, store.path, len(regions))  # fmt: skip
         return self.tier_worker
+
+
+def reap_stale(directory: Path) -> list[Path]:
+    """Remove tier files whose worker process is gone (a killed worker cannot unlink its own);
+    the pid is part of the name. Returns what was removed."""
+    removed = []
+    for path in directory.glob("kvpool-tier-*-r*"):
+        try:
+            pid = int(path.name.rsplit("-", 2)[-2])
+        except ValueError:
+            continue
+        if not Path(f"/proc/{pid}").exists():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def _safe(name: str) -> str:
