@@ -169,7 +169,9 @@ def load(server: Server, stop: threading.Event) -> None:
                 json={"model": "tiny", "prompt": [list(range(10 + i, 1700 + i))], "max_tokens": 64, "ignore_eos": True},
             )
 
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(40)]
+    threads = [
+        threading.Thread(target=one, args=(i,), daemon=True) for i in range(48)
+    ]  # ~160 MiB of KV wanted: beyond the 128 MiB start
     for t in threads:
         t.start()
     stop.wait()
