@@ -31,7 +31,7 @@ from kvpool_operator.builders import manifests
 from kvpool_operator.crd import GROUP, PLURAL, VERSION
 from kvpool_operator.pools import AdminClient, Endpoint, endpoints_from_slices, slice_selector
 from kvpool_operator.spec import GroupSpec, SpecError, parse_group
-from kvpool_operator.status import conditions, model_status, now
+from kvpool_operator.status import conditions, degraded, model_status, now
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "kvpool-operator"
@@ -150,7 +150,7 @@ def balance(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: kopf.Me
     metrics.ROUNDS.labels(**labels).inc()
     metrics.BUDGET.labels(**labels).set(group.policy.budget_bytes)
     metrics.PODS.labels(**labels).set(len(rounds))
-    metrics.DEGRADED.labels(**labels).set(int(not rounds or any(r.problems for r in rounds)))
+    metrics.DEGRADED.labels(**labels).set(int(degraded(rounds)))
     for z in (z for r in rounds for z in r.resizes):
         metrics.RESIZES.labels(**labels, model=z.model, status=z.status).inc()
     report(body, patch, group, rounds, previous)
@@ -167,10 +167,10 @@ def report(body: kopf.Body, patch: kopf.Patch, group: GroupSpec, rounds: list[Po
             kopf.event(body, type="Warning", reason="Degraded", message=problem)
     models = [model_status(r, m.name, previous.get((r.pod, m.name))) for r in rounds for m in group.models]
     ready = bool(rounds) and all(len(r.snapshots) == len(group.models) for r in rounds)
-    degraded = not rounds or any(r.problems for r in rounds)
-    reason = "NoEndpoints" if not rounds else ("Degraded" if degraded else "Balanced")
+    is_degraded = degraded(rounds)
+    reason = "NoEndpoints" if not rounds else ("Degraded" if is_degraded else "Balanced")
     message = "; ".join(p for r in rounds for p in r.problems) or ("no ready pods found" if not rounds else "")
     patch.status["models"] = models
-    patch.status["conditions"] = conditions(ready, all(r.balanced for r in rounds) and bool(rounds), degraded,
+    patch.status["conditions"] = conditions(ready, all(r.balanced for r in rounds) and bool(rounds), is_degraded,
                                             reason, message)  # fmt: skip
     patch.status["balance"] = {"lastRoundTime": now(), "pods": len(rounds)}

@@ -12,6 +12,12 @@ def now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def degraded(rounds: list[PodRound]) -> bool:
+    """No pod reached, or some server unreachable / shrink stuck: the one rule behind the Degraded
+    condition and the kvpool_group_degraded series."""
+    return not rounds or any(r.problems for r in rounds)
+
+
 def model_status(r: PodRound, name: str, previous: dict[str, Any] | None) -> dict[str, Any]:
     """One model on one pod: what its pool reported this round, and its last resize."""
     out: dict[str, Any] = {"pod": r.pod, "name": name, "reachable": name in r.snapshots}
