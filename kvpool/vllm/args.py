@@ -44,7 +44,12 @@ def model_shape(model: str, block_size: int, tensor_parallel_size: int = 1, kv_d
     """The per-rank attention shape of a local (or cached) Hugging Face model."""
     from transformers import AutoConfig
 
-    cfg = AutoConfig.from_pretrained(model)
+    try:
+        cfg = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as e:  # a missing folder, an unknown id, offline without a cache
+        raise ConfigError(
+            f"model {model!r} has no readable config.json ({e}); give a local model folder or a Hugging Face id"
+        ) from e
     cfg = getattr(cfg, "text_config", cfg)
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads

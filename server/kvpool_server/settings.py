@@ -24,7 +24,9 @@ DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) /
 class ServerSettings(BaseSettings):
     """kvpool-server: serve one model over the OpenAI HTTP API with an elastic KV pool."""
 
-    model_config = SettingsConfigDict(env_prefix="KVPOOL_", extra="forbid", cli_kebab_case=True)
+    model_config = SettingsConfigDict(
+        env_prefix="KVPOOL_", extra="forbid", cli_kebab_case=True, cli_prog_name="kvpool-server"
+    )
 
     model: str = Field("", description="model path or cached id; empty = the embedded tiny model built locally")
     served_model_name: str = Field("", description="name clients use (default: the model directory's name)")

@@ -47,7 +47,14 @@ def test_bad_values_stop_the_start_naming_the_option(args: list[str], message: s
 def test_an_unknown_flag_is_an_error() -> None:
     out = run_cli("--no-such-flag", "1")
     assert out.returncode != 0
-    assert "unrecognized arguments: --no-such-flag" in out.stderr
+    assert "kvpool-server: error: unrecognized arguments: --no-such-flag" in out.stderr
+
+
+def test_a_model_folder_that_does_not_exist_is_one_line_naming_it(tmp_path: Path) -> None:
+    out = run_cli("--model", str(tmp_path / "missing"))
+    assert out.returncode == 1
+    assert out.stderr.startswith(f"kvpool-server: error: model '{tmp_path / 'missing'}' has no readable config.json")
+    assert "Traceback" not in out.stderr
 
 
 def test_environment_and_token_file_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
