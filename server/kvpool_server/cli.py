@@ -10,12 +10,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from pydantic import ValidationError
-from pydantic_settings import CliApp
-
 from kvpool import ConfigError
 from kvpool.vllm.args import PoolEngineConfig
 from kvpool.vmm.base import BackendKind
+from kvpool_server.flags import parse_flags
 from kvpool_server.logs import configure_logging
 from kvpool_server.settings import ServerSettings
 
@@ -24,15 +22,7 @@ log = logging.getLogger("kvpool_server")
 
 def parse_settings(argv: list[str]) -> ServerSettings:
     """Flags and KVPOOL_* environment; a bad value exits with the option's name."""
-    try:
-        return CliApp.run(ServerSettings, cli_args=argv)
-    except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            field = str(err["loc"][0]) if err["loc"] else "settings"
-            flag = "--" + field.replace("_", "-")
-            lines.append(f"{flag} (env KVPOOL_{field.upper()}): {err['msg']}")
-        sys.exit("kvpool-server: error: " + "; ".join(lines))
+    return parse_flags(ServerSettings, argv)
 
 
 def pool_config(settings: ServerSettings, model: str) -> PoolEngineConfig:

@@ -1,0 +1,3 @@
+from kvpool_server.router.cli import main
+
+main()
