@@ -28,7 +28,7 @@ STAMP := $(VENV)/.kvpool-locks-$(LOCK_HASH)
 PIP := $(PY) -m pip install --disable-pip-version-check --no-deps -q
 QUIET := 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 
-.PHONY: help install model k8s-tools serve demo test test-fast test-gpu lint chart image format bench bench-colocation lock-hash clean
+.PHONY: help install model k8s-tools serve serve-group demo test test-fast test-gpu lint chart image format bench bench-colocation lock-hash clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -53,6 +53,9 @@ k8s-tools: install ## kube-apiserver 1.20 (built from Debian's source), etcd, he
 
 serve: install $(if $(filter smollm2,$(MODEL)),model) ## set up and serve SmolLM2-135M-Instruct on the CPU: OpenAI API on 127.0.0.1:8000 (MODEL=tiny: the random tiny model)
 	$(PY) -m kvpool_server $(SERVE_MODEL) $(ARGS)
+
+serve-group: install model ## two models behind one OpenAI port (the router) on 127.0.0.1:8000: SmolLM2 and the tiny model
+	$(PY) -m kvpool_server.group --serve SmolLM2-135M-Instruct=$(SMOLLM2_DIR) --serve tiny=tiny $(ARGS)
 
 demo: install ## a short, real demonstration of the pool: map on demand, shrink, trim, RSS
 	$(PY) -m kvpool.demo
@@ -95,6 +98,7 @@ bench: install ## CPU benchmarks side by side; ratios printed, JSON in results/
 	$(PY) -m bench.bench_engine
 	$(PY) -m bench.bench_server
 	$(PY) -m bench.bench_operator
+	$(PY) -m bench.bench_router
 
 lock-hash: ## print the hash of the locks (.ci/run names its cached virtualenv after it)
 	@echo $(LOCK_HASH)

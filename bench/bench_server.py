@@ -67,7 +67,10 @@ async def drive(url: str, model: str, prompts: list[list[int]], max_tokens: int)
         return (first or time.perf_counter()) - start, n
 
     start = time.perf_counter()
-    results = await asyncio.gather(*(one(p) for p in prompts))
+    try:
+        results = await asyncio.gather(*(one(p) for p in prompts))
+    finally:
+        await client.close()  # before asyncio.run closes the loop (else: "Event loop is closed" noise)
     wall = time.perf_counter() - start
     return {
         "requests_per_s": len(prompts) / wall,

@@ -48,3 +48,23 @@ def compare(name: str, rounds: dict[str, list[dict[str, float]]], args: dict[str
         print(f"{config:>7}: " + "  ".join(f"{m} {v:.4g}" for m, v in metrics.items()))
     print("kvpool / stock: " + "  ".join(f"{k} {v:.3f}x" for k, v in ratios.items()))
     write_result(name, {"args": args, "median": med, "ratio_kvpool_over_stock": ratios, "rounds": rounds})
+
+
+def paired_ratios(name: str, rounds: dict[str, list[dict[str, float]]], over: str, base: str,
+                  args: dict[str, Any]) -> dict[str, dict[str, float]]:  # fmt: skip
+    """``over`` / ``base`` per metric from rounds run in pairs: the median of the per-pair ratios,
+    their range, and a bootstrap 95% interval of that median; printed, and written as JSON."""
+    import random
+    import statistics
+
+    rng, out = random.Random(0), {}
+    for metric in rounds[base][0]:
+        ratios = [o[metric] / b[metric] for o, b in zip(rounds[over], rounds[base], strict=True)]
+        boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+        out[metric] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                       "ci95_low": boot[50], "ci95_high": boot[1949]}  # fmt: skip
+        r = out[metric]
+        print(f"{over} / {base} {metric}: {r['median']:.3f}x  (range {r['min']:.3f}-{r['max']:.3f}, "
+              f"95% CI {r['ci95_low']:.3f}-{r['ci95_high']:.3f}, {len(ratios)} pairs)")  # fmt: skip
+    write_result(name, {"args": args, f"ratio_{over}_over_{base}": out, "rounds": rounds})
+    return out

@@ -4,8 +4,9 @@ One pod per group replica, all of a pod's models on its one GPU:
 
     devicePlugin (default)                        dra (Kubernetes >= 1.34, NVIDIA DRA driver)
     pod                                           pod  resourceClaims: [gpu <- ResourceClaimTemplate]
-    +- container "models"  nvidia.com/gpu: 1      +- container <model a>  claims: [gpu]  :8000
-       python -m kvpool_server.group              +- container <model b>  claims: [gpu]  :8001
+    +- container "models"  nvidia.com/gpu: 1      +- container "router"                   :9000
+       python -m kvpool_server.group              +- container <model a>  claims: [gpu]  :8000
+       +- kvpool-router            :9000          +- container <model b>  claims: [gpu]  :8001
        +- kvpool-server <model a>  :8000
        +- kvpool-server <model b>  :8001
 
@@ -15,7 +16,8 @@ hence the default. DRA lets containers share one claimed device, so each model g
 container (own logs, own restarts) where the cluster supports it.
 
 Services: one per model (``<group>-<model>``, port ``http``), whose EndpointSlices the operator
-reads to find each pod's server, and one for the group with every model's port. Every object
+reads to find each pod's server, and one for the group (``<group>``, port 80) on the router: one
+OpenAI base URL for every model of the group, chosen by the request's ``model``. Every object
 carries an owner reference to the resource, so deleting the resource deletes them.
 """
 
@@ -28,6 +30,7 @@ from kvpool_operator.crd import GROUP, KIND, VERSION
 from kvpool_operator.spec import GroupSpec, Mode, ModelSpec
 
 BASE_PORT = 8000
+ROUTER_PORT = 9000
 SHM_HEADROOM = 1 << 30  # /dev/shm beyond the offload tiers (NCCL, vLLM's own shared memory)
 MODEL_LABEL = f"{GROUP}/model"
 GROUP_LABEL = f"{GROUP}/group"
@@ -100,33 +103,44 @@ def _probe(port: int, path: str) -> dict[str, Any]:
     return {"httpGet": {"path": path, "port": port}, "periodSeconds": 10, "failureThreshold": 3}
 
 
-def _container(name: str, group: GroupSpec, command: list[str], ports: list[int]) -> dict[str, Any]:
+def _container(name: str, group: GroupSpec, command: list[str], ports: dict[str, int]) -> dict[str, Any]:
+    """Probes go to the first port: the router's where it runs (ready = every model ready)."""
+    first = next(iter(ports.values()))
     return {
         "name": name,
         "image": group.workload.image,
         "command": command,
         "env": _env(group),
-        "ports": [{"name": f"http-{i}" if len(ports) > 1 else "http", "containerPort": p} for i, p in enumerate(ports)],
-        "readinessProbe": _probe(ports[0], "/readyz"),
-        "livenessProbe": _probe(ports[0], "/livez") | {"initialDelaySeconds": 600},  # model load can be slow
+        "ports": [{"name": n, "containerPort": p} for n, p in ports.items()],
+        "readinessProbe": _probe(first, "/readyz"),
+        "livenessProbe": _probe(first, "/livez") | {"initialDelaySeconds": 600},  # model load can be slow
         "securityContext": _security(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"}],
     }
 
 
+def router_args(group: GroupSpec) -> list[str]:
+    upstreams = [f"--upstream={m.name}=http://127.0.0.1:{BASE_PORT + i}" for i, m in enumerate(group.models)]
+    return ["--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--log-json", "true", *upstreams]
+
+
 def _containers(group: GroupSpec) -> list[dict[str, Any]]:
     limits = initial_limits(group)
     ports = {m.name: BASE_PORT + i for i, m in enumerate(group.models)}
+    named = {f"http-{i}": p for i, p in enumerate(ports.values())}
+    router = {"name": "router", "module": "kvpool_server.router", "args": router_args(group)}
     if group.workload.mode is Mode.DEVICE_PLUGIN:
         servers = [{"name": m.name, "args": server_args(group, m, ports[m.name], limits[m.name])} for m in group.models]
-        c = _container("models", group, ["python", "-m", "kvpool_server.group"], list(ports.values()))
-        c["env"].append({"name": "KVPOOL_GROUP_SERVERS", "value": json.dumps(servers, separators=(",", ":"))})
+        c = _container("models", group, ["python", "-m", "kvpool_server.group"], {"http": ROUTER_PORT, **named})
+        entries = json.dumps([router, *servers], separators=(",", ":"))
+        c["env"].append({"name": "KVPOOL_GROUP_SERVERS", "value": entries})
         c["resources"] = {"limits": {"nvidia.com/gpu": "1"}}  # a quantity: a string for server-side apply
         return [c]
-    out = []
-    for m in group.models:
+    out = [_container("router", group, ["python", "-m", "kvpool_server.router", *router["args"]],
+                      {"http": ROUTER_PORT})]  # fmt: skip
+    for i, m in enumerate(group.models):  # port names are unique within a pod, not a container
         args = server_args(group, m, ports[m.name], limits[m.name])
-        c = _container(m.name, group, ["python", "-m", "kvpool_server", *args], [ports[m.name]])
+        c = _container(m.name, group, ["python", "-m", "kvpool_server", *args], {f"http-{i}": ports[m.name]})
         c["resources"] = {"claims": [{"name": "gpu"}]}
         out.append(c)
     return out
@@ -178,10 +192,9 @@ def services(body: dict[str, Any], group: GroupSpec) -> list[dict[str, Any]]:
         spec = {"selector": selector, "ports": [port]}
         out.append({"apiVersion": "v1", "kind": "Service", "metadata": _meta(body, f"{name}-{m.name}", m.name),
                     "spec": spec})  # fmt: skip
-    ports = [{"name": f"http-{i}", "port": BASE_PORT + i, "targetPort": BASE_PORT + i, "protocol": "TCP"}
-             for i in range(len(group.models))]  # fmt: skip
+    port = {"name": "http", "port": 80, "targetPort": ROUTER_PORT, "protocol": "TCP"}
     out.append({"apiVersion": "v1", "kind": "Service", "metadata": _meta(body, name),
-                "spec": {"selector": selector, "ports": ports}})  # fmt: skip
+                "spec": {"selector": selector, "ports": [port]}})  # fmt: skip
     return out
 
 

@@ -46,6 +46,9 @@ def test_the_device_plugin_deployment_is_exactly_this() -> None:
     (c,) = dep["spec"]["template"]["spec"]["containers"]
     servers = json.loads(next(e["value"] for e in c["env"] if e["name"] == "KVPOOL_GROUP_SERVERS"))
     assert servers == [
+        {"name": "router", "module": "kvpool_server.router",
+         "args": ["--host", "0.0.0.0", "--port", "9000", "--log-json", "true", "--upstream=llama=http://127.0.0.1:8000",
+                  "--upstream=qwen=http://127.0.0.1:8001"]},
         {"name": "llama", "args": ["--model", "/models/llama", "--served-model-name", "llama", "--host", "0.0.0.0",
                                    "--port", "8000", "--backend", "cuda", "--limit-bytes", str(28 * GiB),
                                    "--virtual-bytes", str(30 * GiB), "--log-json", "--offload-bytes", str(2 * GiB),
@@ -71,9 +74,10 @@ def test_the_device_plugin_deployment_is_exactly_this() -> None:
                     "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_OFFLINE", "value": "1"},
                             {"name": "KVPOOL_ADMIN_TOKEN",
                              "valueFrom": {"secretKeyRef": {"name": "pair-admin", "key": "token"}}}],
-                    "ports": [{"name": "http-0", "containerPort": 8000}, {"name": "http-1", "containerPort": 8001}],
-                    "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8000}, **probe},
-                    "livenessProbe": {"httpGet": {"path": "/livez", "port": 8000}, **probe, "initialDelaySeconds": 600},
+                    "ports": [{"name": "http", "containerPort": 9000}, {"name": "http-0", "containerPort": 8000},
+                              {"name": "http-1", "containerPort": 8001}],
+                    "readinessProbe": {"httpGet": {"path": "/readyz", "port": 9000}, **probe},
+                    "livenessProbe": {"httpGet": {"path": "/livez", "port": 9000}, **probe, "initialDelaySeconds": 600},
                     "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                         "capabilities": {"drop": ["ALL"]}},
                     "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"}],
@@ -96,21 +100,24 @@ def test_dra_mode_gives_each_model_a_container_sharing_one_claim() -> None:
         {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 1}}]}}}  # fmt: skip
     pod = dep["spec"]["template"]["spec"]
     assert pod["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": "pair-gpu"}]
-    assert [(c["name"], c["resources"], c["command"][:3]) for c in pod["containers"]] == [
+    assert [(c["name"], c.get("resources"), c["command"][:3]) for c in pod["containers"]] == [
+        ("router", None, ["python", "-m", "kvpool_server.router"]),  # no GPU: it imports neither torch nor vLLM
         ("llama", {"claims": [{"name": "gpu"}]}, ["python", "-m", "kvpool_server"]),
         ("qwen", {"claims": [{"name": "gpu"}]}, ["python", "-m", "kvpool_server"]),
     ]
+    names = [p["name"] for c in pod["containers"] for p in c["ports"]]
+    assert names == ["http", "http-0", "http-1"]  # unique within the pod
+    assert pod["containers"][0]["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9000}
     assert dep["spec"]["replicas"] == 2
 
 
-def test_services_one_per_model_and_one_for_the_group() -> None:
+def test_services_one_per_model_and_one_for_the_group_on_its_router() -> None:
     svcs = services(BODY, parse_group(spec()))
     seen = [(s["metadata"]["name"], s["metadata"]["labels"].get("kvpool.dev/model"), s["spec"]["ports"]) for s in svcs]
     assert seen == [
         ("pair-llama", "llama", [{"name": "http", "port": 80, "targetPort": 8000, "protocol": "TCP"}]),
         ("pair-qwen", "qwen", [{"name": "http", "port": 80, "targetPort": 8001, "protocol": "TCP"}]),
-        ("pair", None, [{"name": "http-0", "port": 8000, "targetPort": 8000, "protocol": "TCP"},
-                        {"name": "http-1", "port": 8001, "targetPort": 8001, "protocol": "TCP"}]),
+        ("pair", None, [{"name": "http", "port": 80, "targetPort": 9000, "protocol": "TCP"}]),  # the router
     ]  # fmt: skip
     assert all(s["spec"]["selector"] == {"kvpool.dev/group": "pair"} for s in svcs)
     assert all(s["metadata"]["ownerReferences"] == [OWNER] for s in svcs)

@@ -47,7 +47,10 @@ class Router:
         self.api_key = settings.api_key.get_secret_value() if settings.api_key else None
         self.admin_token = settings.resolved_admin_token()
         timeout = httpx.Timeout(None, connect=settings.connect_timeout_s)  # generation may take minutes
-        client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None))
+        # Idle connections expire well before the servers' keep-alive (uvicorn's 5 s): reusing one
+        # the server is closing at that moment fails the request (seen under 64 streams).
+        limits = httpx.Limits(max_connections=None, keepalive_expiry=1.0)
+        client = httpx.AsyncClient(timeout=timeout, limits=limits)
         self.registry = CollectorRegistry()
         self.upstreams = Upstreams(settings.upstreams(), client, self.registry)
         self.forwarder = Forwarder(self.upstreams, RouterMetrics(self.registry), settings.retry_after_s)

@@ -10,6 +10,7 @@ _TYPES = {
     401: "AuthenticationError",
     403: "PermissionDeniedError",
     404: "NotFoundError",
+    502: "BadGatewayError",
     503: "ServiceUnavailableError",
 }
 

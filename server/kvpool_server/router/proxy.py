@@ -100,9 +100,12 @@ class Forwarder:
         except ClientGone:
             self.metrics.requests.labels(model, "499").inc()  # nginx's "client closed request"
             return Response(status_code=499)
-        except httpx.TransportError as e:
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:  # nobody listens: not ready until the poll says so
             self.upstreams.mark(up, False)
             raise self._unavailable(up, f"{type(e).__name__}: {e}") from e
+        except httpx.TransportError as e:  # it listens but broke this exchange off: not retried (not idempotent)
+            self.metrics.requests.labels(model, "502").inc()
+            raise RouterError(502, f"the server of {model!r} broke off the request ({type(e).__name__}); retry") from e
         out = {k: v for k, v in resp.headers.items() if k.lower() not in _DROP_RESPONSE}
         return StreamingResponse(self._relay(resp, model, started), status_code=resp.status_code, headers=out)
 
