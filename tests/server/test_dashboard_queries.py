@@ -1,5 +1,5 @@
 """The chart's Grafana dashboard and alert rules only name metrics that a running kvpool-server
-(this session's real one, scraped over HTTP) and the operator really export."""
+(this session's real one, scraped over HTTP), the router and the operator really export."""
 
 from __future__ import annotations
 
@@ -36,8 +36,13 @@ def queries() -> list[str]:
 def exported(server: Server) -> set[str]:
     import kvpool_operator.metrics  # noqa: F401  (registers the operator's families)
 
+    from kvpool_server.router.app import Router
+    from kvpool_server.router.settings import RouterSettings
+
+    router = Router(RouterSettings(upstream=["m=http://127.0.0.1:9"]))  # its families exist before any request
     families = list(text_string_to_metric_families(httpx.get(server.url + "/metrics", timeout=30).text))
     families += list(text_string_to_metric_families(generate_latest(REGISTRY).decode()))
+    families += list(text_string_to_metric_families(generate_latest(router.registry).decode()))
     return {f.name + s for f in families for s in SUFFIXES}
 
 

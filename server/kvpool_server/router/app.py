@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
+import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -46,14 +46,16 @@ class Router:
         self.settings = settings
         self.api_key = settings.api_key.get_secret_value() if settings.api_key else None
         self.admin_token = settings.resolved_admin_token()
-        timeout = httpx.Timeout(None, connect=settings.connect_timeout_s)  # generation may take minutes
-        # Idle connections expire well before the servers' keep-alive (uvicorn's 5 s): reusing one
-        # the server is closing at that moment fails the request (seen under 64 streams).
-        limits = httpx.Limits(max_connections=None, keepalive_expiry=1.0)
-        client = httpx.AsyncClient(timeout=timeout, limits=limits)
         self.registry = CollectorRegistry()
-        self.upstreams = Upstreams(settings.upstreams(), client, self.registry)
+        self.upstreams = Upstreams(settings.upstreams(), self.registry)
         self.forwarder = Forwarder(self.upstreams, RouterMetrics(self.registry), settings.retry_after_s)
+
+    async def _get_json(self, name: str, path: str, headers: dict[str, str], timeout_s: float) -> Any:
+        url = self.upstreams.by_name[name].url + path
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with self.upstreams.session.get(url, headers=headers, timeout=timeout) as resp:
+            resp.raise_for_status()
+            return await resp.json()
 
     def check_api_key(self, request: Request) -> None:
         if not _bearer_ok(request, self.api_key):
@@ -71,12 +73,11 @@ class Router:
 
         async def card(name: str) -> dict[str, Any]:
             try:
-                resp = await self.upstreams.client.get(self.upstreams.by_name[name].url + "/v1/models",
-                                                       headers=auth, timeout=5.0)  # fmt: skip
-                cards = [c for c in resp.json().get("data", []) if c.get("id") == name]
+                body = await self._get_json(name, "/v1/models", auth, 5.0)
+                cards = [c for c in body.get("data", []) if c.get("id") == name]
                 if cards:
                     return dict(cards[0])
-            except (httpx.HTTPError, ValueError, AttributeError):
+            except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
                 pass
             return {"id": name, "object": "model", "created": int(time.time()), "owned_by": "kvpool"}
 
@@ -90,10 +91,8 @@ class Router:
 
         async def one(name: str) -> Any:
             try:
-                resp = await self.upstreams.client.get(self.upstreams.by_name[name].url + "/kvpool",
-                                                       headers=auth, timeout=10.0)  # fmt: skip
-                return resp.json() if resp.status_code == 200 else {"error": f"HTTP {resp.status_code}: {resp.text}"}
-            except httpx.HTTPError as e:
+                return await self._get_json(name, "/kvpool", auth, 10.0)
+            except (aiohttp.ClientError, TimeoutError, ValueError) as e:
                 return {"error": f"{type(e).__name__}: {e}"}
 
         names = self.upstreams.names()
@@ -112,10 +111,11 @@ def build_app(settings: RouterSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        router.upstreams.open(settings.connect_timeout_s)
         poller = asyncio.create_task(router.upstreams.poll(settings.poll_s))
         yield
         poller.cancel()
-        await router.upstreams.client.aclose()
+        await router.upstreams.close()
 
     app = FastAPI(title="kvpool-router", lifespan=lifespan)
     app.state.router = router

@@ -18,7 +18,6 @@ log = logging.getLogger("kvpool_server.router")
 def main(argv: list[str] | None = None) -> None:
     settings = parse_flags(RouterSettings, sys.argv[1:] if argv is None else argv)
     configure_logging(settings.log_json)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per readiness poll otherwise
     log.info("routing %s on %s:%d", ", ".join(settings.upstreams()), settings.host, settings.port)
     # no access log: one line per token stream costs more than the routing itself
     uvicorn.run(build_app(settings), host=settings.host, port=settings.port, access_log=False, log_config=None,

@@ -10,7 +10,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-import httpx
+import aiohttp
 from prometheus_client import CollectorRegistry, Gauge
 
 log = logging.getLogger("kvpool_server.router")
@@ -24,14 +24,32 @@ class Upstream:
 
 
 class Upstreams:
-    def __init__(self, urls: dict[str, str], client: httpx.AsyncClient, registry: CollectorRegistry) -> None:
+    def __init__(self, urls: dict[str, str], registry: CollectorRegistry) -> None:
         self.by_name = {name: Upstream(name, url) for name, url in urls.items()}
-        self.client = client
+        self._session: aiohttp.ClientSession | None = None
         self._gauge = Gauge(
             "kvpool_router_upstream_ready", "1 when the model's server answers /readyz", ["model"], registry=registry
         )
         for name in self.by_name:
             self._gauge.labels(name).set(0)
+
+    def open(self, connect_timeout_s: float) -> None:
+        """The one client session, made in the running loop (the app's lifespan)."""
+        # Idle connections expire well before the servers' keep-alive (uvicorn's 5 s): reusing one
+        # the server is closing at that moment would fail the request.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=1.0)
+        timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s)  # generation may take minutes
+        self._session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("Upstreams.open() was not called: the router's lifespan did not start")
+        return self._session
 
     def names(self) -> list[str]:
         return list(self.by_name)
@@ -47,8 +65,9 @@ class Upstreams:
 
     async def check(self, up: Upstream) -> None:
         try:
-            ready = (await self.client.get(up.url + "/readyz", timeout=2.0)).status_code == 200
-        except httpx.HTTPError:
+            async with self.session.get(up.url + "/readyz", timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+                ready = resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
             ready = False
         self.mark(up, ready)
 
