@@ -35,7 +35,6 @@ def queries() -> list[str]:
 
 def exported(server: Server) -> set[str]:
     import kvpool_operator.metrics  # noqa: F401  (registers the operator's families)
-
     from kvpool_server.router.app import Router
     from kvpool_server.router.settings import RouterSettings
 

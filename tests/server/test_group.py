@@ -42,3 +42,28 @@ def test_a_server_that_exits_stops_the_group_with_its_status() -> None:
     assert "--port (env KVPOOL_PORT)" in out.stderr or "--limit-bytes" in out.stderr  # the server's own error
     assert "exited with" in out.stderr
     assert "stopping the group" in out.stderr
+
+
+def test_serve_flags_make_a_local_group_behind_the_router_port() -> None:
+    from kvpool_server.group import local_group
+
+    entries = local_group(["--serve", "smol=/models/smol", "--serve", "tiny=tiny", "--port", "7000"])
+    assert entries == [
+        {"name": "smol", "args": ["--model", "/models/smol", "--served-model-name", "smol", "--port", "7001"]},
+        {"name": "tiny", "args": ["--served-model-name", "tiny", "--port", "7002"]},  # the embedded model
+        {"name": "router", "module": "kvpool_server.router",
+         "args": ["--port", "7000", "--upstream=smol=http://127.0.0.1:7001", "--upstream=tiny=http://127.0.0.1:7002"]},
+    ]  # fmt: skip
+
+
+def test_a_serve_flag_without_a_model_names_the_form() -> None:
+    out = subprocess.run([sys.executable, "-m", "kvpool_server.group", "--serve", "smol"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2
+    assert "--serve 'smol': write NAME=MODEL" in out.stderr
+
+
+def test_an_unknown_module_is_refused() -> None:
+    out = launch(json.dumps([{"name": "x", "module": "os", "args": []}]))
+    assert out.returncode != 0
+    assert "KVPOOL_GROUP_SERVERS[0].module must be one of kvpool_server, kvpool_server.router" in out.stderr
