@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import shlex
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from kvpool.vllm.settings import ConnectorSettings
 from kvpool.vmm.base import BackendKind
 
 MiB = 1 << 20
+RESERVED_CPUS_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1}
 
 
@@ -158,7 +160,15 @@ class PoolEngineConfig:
 
     def env(self) -> dict[str, str]:
         """Environment for every engine process (vLLM reads the layout from it)."""
-        return {"VLLM_KV_CACHE_LAYOUT": self.layout.value}
+        out = {"VLLM_KV_CACHE_LAYOUT": self.layout.value}
+        if self.backend is BackendKind.HOST and RESERVED_CPUS_ENV not in os.environ:
+            # vLLM's CPU backend reserves one more core per rank as soon as any KV connector is
+            # configured (for a P/D transfer thread, vllm/utils/ompmultiprocessing.py). Ours runs
+            # no such thread, so reserve what stock vLLM reserves: on 2 cores the extra reserve
+            # took both, and vLLM fell back to binding the model to all cores, beside the
+            # scheduler and the API server. An explicit setting of the user's wins.
+            out[RESERVED_CPUS_ENV] = str(self.tensor_parallel_size)
+        return out
 
     def cli_args(self) -> list[str]:
         kw = self.engine_kwargs()

@@ -83,3 +83,11 @@ def test_the_cpu_tier_flag_reaches_vllms_offloading_connector(tiny_model: Path, 
         str(tmp_path),
     )
     assert transfer["kv_load_failure_policy"] == "recompute"
+
+
+def test_the_engine_reserves_the_cores_stock_vllm_reserves(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    s = parse_settings(["--model", str(tiny_model), "--tensor-parallel-size", "2"])
+    assert pool_config(s, str(tiny_model)).env()["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "2"  # one per rank, as stock
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "3")  # the user's own choice is kept
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in pool_config(s, str(tiny_model)).env()
