@@ -27,7 +27,9 @@ class RouterSettings(BaseSettings):
         description="bearer token of GET /kvpool here, and of the servers' admin routes",
     )
     admin_token_file: Path | None = Field(None, description="file holding the admin token (a mounted Secret)")
-    poll_s: float = Field(1.0, gt=0, description="seconds between readiness checks of each server")
+    poll_s: float = Field(
+        5.0, gt=0, description="seconds between readiness checks of each server (a refused connection counts at once)"
+    )
     connect_timeout_s: float = Field(5.0, gt=0, description="seconds to connect to a server before 503")
     retry_after_s: int = Field(5, ge=1, description="Retry-After of a 503 for a model that is not ready")
     log_json: bool = Field(False, description="one JSON object per log line")
