@@ -236,11 +236,3 @@ def test_requests_carry_ids_and_logs_are_json_lines(server: Server) -> None:
     assert resize, "no JSON log record for the resize"
     assert resize[0]["request_id"] == "r7"
     assert {"asctime", "levelname", "name"} <= set(resize[0])
-
-
-def test_the_connector_costs_the_engine_no_extra_reserved_core(server: Server) -> None:
-    # vLLM's CPU backend reserves a core more for any KV connector; on 2 cores that bound the model
-    # to every core, beside the scheduler and the API server. We reserve what stock reserves.
-    log = server.log.read_text()
-    assert "reserve_cpu_num=1" in log
-    assert "should be greater than reserved CPU core number" not in log

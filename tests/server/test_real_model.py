@@ -74,3 +74,12 @@ def test_a_streamed_chat_gives_the_same_answer_and_frees_its_blocks(real_server:
     assert (snapshot["model"], snapshot["block_bytes"]) == (NAME, 32 * 23_040)
     assert snapshot["used_blocks"] == 0
     assert real_server.admin().get("/kvpool/integrity").status_code == 200
+
+
+def test_the_connector_costs_the_engine_no_extra_reserved_core(real_server: Server) -> None:
+    # vLLM's CPU backend reserves a core more for any KV connector; on 2 cores that bound the model
+    # to every core, beside the scheduler and the API server. We reserve what stock reserves.
+    # (This server logs plain lines: with --log-json the engine core's records are not shown.)
+    log = real_server.log.read_text()
+    assert "reserve_cpu_num=1" in log
+    assert "should be greater than reserved CPU core number" not in log
