@@ -45,18 +45,24 @@ def start_server(model: Path, tmp: Path, *extra: str, limit: str = "256M", virtu
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
     server = Server(f"http://127.0.0.1:{port}", proc, log)
-    deadline = time.monotonic() + 240
+    wait_ready(proc, server.url, log, timeout_s=240)
+    return server
+
+
+def wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float, every_s: float = 1.0) -> None:
+    """Until ``url``/readyz answers 200; the process's log tail in the error if it exits or stalls."""
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"the process behind {url} exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            if httpx.get(server.url + "/readyz", timeout=2).status_code == 200:
-                return server
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return
         except httpx.HTTPError:
             pass
-        time.sleep(1)
+        time.sleep(every_s)
     proc.kill()
-    raise RuntimeError(f"server not ready in time:\n{log.read_text()[-3000:]}")
+    raise RuntimeError(f"not ready in {timeout_s} s:\n{log.read_text()[-3000:]}")
 
 
 def stop_server(server: Server, grace: float = 60) -> int:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.server.conftest import API_KEY, TOKEN, Server, free_port, start_server, stop_server
+from tests.server.conftest import API_KEY, TOKEN, Server, free_port, start_server, stop_server, wait_ready
 
 
 @dataclass
@@ -32,18 +30,8 @@ def start_router(tmp: Path, upstreams: dict[str, str], *extra: str) -> Router:
            "--poll-s", "0.2", *flags, *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     router = Router(f"http://127.0.0.1:{port}", proc, log)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"router exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if httpx.get(router.url + "/readyz", timeout=2).status_code == 200:
-                return router
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"router not ready in time:\n{log.read_text()[-3000:]}")
+    wait_ready(proc, router.url, log, timeout_s=60, every_s=0.2)
+    return router
 
 
 def stop_router(router: Router) -> None:
