@@ -110,10 +110,15 @@ class PoolEngineConfig:
         return KVLayout.UNIFORM if self.backend is BackendKind.CUDA else KVLayout.PER_LAYER
 
     @cached_property
+    def _shape(self) -> ModelShape:
+        """Read once: the model's config.json (or the hub's copy of it)."""
+        return model_shape(self.model, self.block_size, self.tensor_parallel_size)
+
+    @cached_property
     def _page_bytes(self) -> int:
         if self.page_bytes:
             return self.page_bytes
-        shape = model_shape(self.model, self.block_size, self.tensor_parallel_size)
+        shape = self._shape
         granule, target = (2 * MiB, 2 * MiB) if self.backend is BackendKind.CUDA else (4 << 10, 64 << 10)
         return fitting_page_bytes(shape, self.layout, granule, target)
 
@@ -133,8 +138,7 @@ class PoolEngineConfig:
         )
 
     def geometry(self) -> Geometry:
-        shape = model_shape(self.model, self.block_size, self.tensor_parallel_size)
-        return Geometry.fit(shape, self.layout, self.settings().page_bytes, self.virtual_bytes)
+        return Geometry.fit(self._shape, self.layout, self.settings().page_bytes, self.virtual_bytes)
 
     def kv_transfer_config(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -7,10 +7,11 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import AliasChoices, BeforeValidator, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BeforeValidator, Field, SecretStr, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from kvpool.vllm.args import parse_bytes
+from kvpool_server.flags import AdminTokenOptions
 
 
 def _bytes(value: object) -> object:
@@ -21,7 +22,7 @@ Bytes = Annotated[int, BeforeValidator(_bytes)]
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "kvpool"
 
 
-class ServerSettings(BaseSettings):
+class ServerSettings(AdminTokenOptions):
     """kvpool-server: serve one model over the OpenAI HTTP API with an elastic KV pool."""
 
     model_config = SettingsConfigDict(
@@ -46,12 +47,6 @@ class ServerSettings(BaseSettings):
     tensor_parallel_size: int = Field(1, ge=1, description="tensor-parallel ranks (one pool each)")
     enforce_eager: bool = Field(True, description="skip torch.compile / CUDA graphs (fast start)")
     api_key: SecretStr | None = Field(None, description="key the OpenAI routes require (vLLM's --api-key)")
-    admin_token: SecretStr | None = Field(
-        None,
-        validation_alias=AliasChoices("admin_token", "KVPOOL_ADMIN_TOKEN"),
-        description="bearer token the /kvpool admin routes require (or set admin-token-file)",
-    )
-    admin_token_file: Path | None = Field(None, description="file holding the admin token (a mounted Secret)")
     grace_period_s: float = Field(30.0, ge=0, description="SIGTERM: seconds to finish in-flight requests")
     log_json: bool = Field(False, description="one JSON object per log line")
     vllm_args: str = Field("", description="extra vLLM serve flags, shell-quoted (e.g. '--seed 1')")
@@ -63,11 +58,4 @@ class ServerSettings(BaseSettings):
             raise ValueError(f"limit-bytes ({self.limit_bytes}) must not exceed virtual-bytes ({self.virtual_bytes})")
         if self.offload_bytes and not self.offload_dir.is_dir():
             raise ValueError(f"offload-dir {self.offload_dir} is not a directory (the CPU tier's file goes there)")
-        if self.admin_token_file is not None and not self.admin_token_file.is_file():
-            raise ValueError(f"admin-token-file {self.admin_token_file} does not exist")
         return self
-
-    def resolved_admin_token(self) -> str | None:
-        if self.admin_token_file is not None:
-            return self.admin_token_file.read_text().strip() or None
-        return self.admin_token.get_secret_value() if self.admin_token else None

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from kvpool_server.flags import AdminTokenOptions
 
 
-class RouterSettings(BaseSettings):
+class RouterSettings(AdminTokenOptions):
     """kvpool-router: one OpenAI endpoint in front of a group's model servers."""
 
     model_config = SettingsConfigDict(
@@ -21,12 +21,6 @@ class RouterSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(9000, ge=1, le=65535, description="HTTP port")
     api_key: SecretStr | None = Field(None, description="key the OpenAI routes require (as a server's --api-key)")
-    admin_token: SecretStr | None = Field(
-        None,
-        validation_alias=AliasChoices("admin_token", "KVPOOL_ADMIN_TOKEN"),
-        description="bearer token of GET /kvpool here, and of the servers' admin routes",
-    )
-    admin_token_file: Path | None = Field(None, description="file holding the admin token (a mounted Secret)")
     poll_s: float = Field(
         5.0, gt=0, description="seconds between readiness checks of each server (a refused connection counts at once)"
     )
@@ -51,15 +45,8 @@ class RouterSettings(BaseSettings):
     def _check(self) -> RouterSettings:
         if not self.upstream:
             raise ValueError("name at least one model server: --upstream NAME=http://HOST:PORT")
-        if self.admin_token_file is not None and not self.admin_token_file.is_file():
-            raise ValueError(f"admin-token-file {self.admin_token_file} does not exist")
         return self
 
     def upstreams(self) -> dict[str, str]:
         """Model name -> base URL, in the order given."""
         return {name: url.rstrip("/") for name, _, url in (u.partition("=") for u in self.upstream)}
-
-    def resolved_admin_token(self) -> str | None:
-        if self.admin_token_file is not None:
-            return self.admin_token_file.read_text().strip() or None
-        return self.admin_token.get_secret_value() if self.admin_token else None
