@@ -60,12 +60,16 @@ serve-group: install model ## two models behind one OpenAI port (the router) on 
 demo: install ## a short, real demonstration of the pool: map on demand, shrink, trim, RSS
 	$(PY) -m kvpool.demo
 
-lint: install ## ruff (lint + format check), mypy (strict on kvpool), import contracts, hadolint
+lint: install k8s-tools ## ruff (lint + format check), mypy (strict on kvpool), import contracts, hadolint, promtool check rules
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy kvpool server/kvpool_server operator/kvpool_operator
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/hadolint Dockerfile
+	$(KVPOOL_K8S_BIN)/helm template kv helm/kvpool --api-versions monitoring.coreos.com/v1 \
+	  --show-only templates/prometheusrule.yaml | $(PY) -c 'import sys, yaml; \
+	  print(yaml.safe_dump({"groups": yaml.safe_load(sys.stdin)["spec"]["groups"]}))' \
+	  | $(KVPOOL_K8S_BIN)/promtool check rules /dev/stdin
 
 chart: install k8s-tools ## lint and render the Helm chart, validate it, install it on a throwaway API server
 	$(KVPOOL_K8S_BIN)/helm lint --strict helm/kvpool

@@ -74,11 +74,18 @@ def run_group(body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo, patch: kopf.Pat
                                                 message=str(e))  # fmt: skip
         kopf.warn(body, reason="InvalidSpec", message=str(e))
         raise
+    metrics.forget(body.metadata["namespace"], body.metadata["name"], frozenset(m.name for m in group.models))
     objects = manifests(dict(body), group)
     for obj in objects:
         apply(memo.dynamic, obj)
     kopf.info(body, reason="Applied", message=f"{len(objects)} objects for {len(group.models)} models")
     patch.status["observedGeneration"] = body.metadata.get("generation")
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
+def forget_group(name: str, namespace: str | None, **_: Any) -> None:
+    """The group's series go with it (``optional``: no finalizer, deletion never waits on us)."""
+    metrics.forget(namespace or "", name)
 
 
 def apply(dyn: DynamicClient, obj: dict[str, Any]) -> None:

