@@ -28,7 +28,7 @@ STAMP := $(VENV)/.kvpool-locks-$(LOCK_HASH)
 PIP := $(PY) -m pip install --disable-pip-version-check --no-deps -q
 QUIET := 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 
-.PHONY: help install model k8s-tools serve serve-group demo test test-fast test-gpu lint chart image format bench bench-colocation lock-hash clean
+.PHONY: help install model k8s-tools serve serve-group demo test test-fast test-gpu lint chart dashboard-picture image format bench bench-colocation lock-hash clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -74,6 +74,9 @@ lint: install k8s-tools ## ruff (lint + format check), mypy (strict on kvpool), 
 chart: install k8s-tools ## lint and render the Helm chart, validate it, install it on a throwaway API server
 	$(KVPOOL_K8S_BIN)/helm lint --strict helm/kvpool
 	$(PY) -m pytest tests/helm tests/operator/test_builders.py
+
+dashboard-picture: install k8s-tools ## redraw docs/img/dashboard.png from a real Prometheus after a short load
+	KVPOOL_DASHBOARD_PNG=docs/img/dashboard.png $(PY) -m pytest -q tests/helm/test_monitoring.py -k panel
 
 image: ## build the image (needs a container engine; the operator-only image: make image TARGET=operator)
 	docker build --target $(or $(TARGET),runtime) -t kvpool$(if $(filter operator,$(TARGET)),-operator):0.1.0 .
