@@ -78,8 +78,8 @@ async def control(group: GroupSpec, eps: dict[str, Endpoint], stop: asyncio.Even
         while not stop.is_set():
             started = time.monotonic()
             r = await asyncio.to_thread(balancer.round, group, "127.0.0.1", eps, known, preempt)
-            known = {n: s["limit_bytes"] for n, s in r.snapshots.items()}
-            preempt = {n: s["demand"]["preemptions"] for n, s in r.snapshots.items()}
+            known = {n: s.limit_bytes for n, s in r.snapshots.items()}
+            preempt = {n: s.preemptions for n, s in r.snapshots.items()}
             log.append({"t": started - t0, "seconds": time.monotonic() - started, "problems": r.problems,
                         "resizes": [z.__dict__ for z in r.resizes]})  # fmt: skip
             await asyncio.sleep(max(0.0, group.interval_s - (time.monotonic() - started)))

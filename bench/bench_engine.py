@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
                 one_round(runner, workload(8, args.prompt_tokens), 8)  # warm-up, not counted
                 for i in range(args.rounds):
                     if args.trim and name == "kvpool":
-                        runner.call("trim")
+                        runner.trim()
                     prompts = workload(args.requests, args.prompt_tokens, seed=i + 1)
                     rounds[name].append(one_round(runner, prompts, args.max_tokens))
                 rss[name].append(runner.worker_rss())

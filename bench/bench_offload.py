@@ -73,13 +73,14 @@ def ttft(tmp: Path, prompts: int, tokens: int) -> dict[str, float]:
             p = [rng.randrange(10, 2000) for _ in range(tokens)]
             times["recompute"].append(runner.generate([p], params)[0].ttft_s)
             times["pool_hit"].append(runner.generate([p], params)[0].ttft_s)
-            runner.call("trim")
+            runner.trim()
             times["tier_hit"].append(runner.generate([p], params)[0].ttft_s)
-        stats: dict[str, Any] = runner.call("snapshot")["offload"]
+        stats = runner.snapshot().offload
+        assert stats is not None, "the tier is off"
     finally:
         runner.close()
     med = {f"{k}_ttft_ms": statistics.median(v) * 1e3 for k, v in times.items()}
-    med["tier_hits"] = stats["hits"]
+    med["tier_hits"] = stats.hits
     return med
 
 

@@ -58,13 +58,13 @@ def react(group: GroupSpec, eps: dict[str, Endpoint], interval: float, streams: 
         while in_use_s is None and time.monotonic() - t0 < 300:
             r = balancer.round(group, "127.0.0.1", eps, {}, preempt)
             rounds += 1
-            preempt = {n: int(s["demand"]["preemptions"]) for n, s in r.snapshots.items()}
+            preempt = {n: s.preemptions for n, s in r.snapshots.items()}
             deadline = time.monotonic() + interval
             while time.monotonic() < deadline and in_use_s is None:
                 snap = client.snapshot(eps["a"])
-                if applied_s is None and snap["limit_bytes"] > START:
+                if applied_s is None and snap.limit_bytes > START:
                     applied_s = time.monotonic() - t0
-                if snap["mapped_bytes"] > START:
+                if snap.mapped_bytes > START:
                     in_use_s = time.monotonic() - t0
                 time.sleep(0.05)
     finally:

@@ -11,8 +11,17 @@ Public API (``server`` and ``operator`` import only these names)::
 from kvpool.config import PoolConfig
 from kvpool.errors import BackendUnavailable, ConfigError, KVPoolError, PoolExhausted
 from kvpool.layout import BlockId, ByteRange, Geometry, KVLayout, ModelShape, PageId
-from kvpool.pool import Allocation, KVPool, ResizeResult, TrimResult
-from kvpool.snapshot import SCHEMA_VERSION, DemandStats, OffloadStats, PendingResize, PoolSnapshot, ResizeStatus
+from kvpool.pool import Allocation, KVPool
+from kvpool.snapshot import (
+    SCHEMA_VERSION,
+    DemandStats,
+    OffloadStats,
+    PendingResize,
+    PoolSnapshot,
+    ResizeResult,
+    ResizeStatus,
+    TrimResult,
+)
 from kvpool.vmm import BackendKind
 
 __all__ = [

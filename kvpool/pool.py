@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, NamedTuple
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, PoolExhausted
 from kvpool.layout import BlockId, Geometry, PageId
-from kvpool.limits import Verdict, check_resize_args, classify
+from kvpool.limits import Limit, Verdict
 from kvpool.pages import PageState, PageTable
-from kvpool.snapshot import PendingResize, PoolSnapshot, ResizeStatus
+from kvpool.snapshot import PoolSnapshot, ResizeResult, TrimResult
 from kvpool.vmm import VMMBackend, open_backend
 
 if TYPE_CHECKING:
@@ -44,19 +44,6 @@ class Allocation(NamedTuple):
     evicted: list[BlockId]  #: cached blocks whose content was dropped to make room
 
 
-class ResizeResult(NamedTuple):
-    status: ResizeStatus
-    revision: int
-    effective_limit_bytes: int
-    mapped_bytes: int  #: physical bytes (mapped + pool reserve) right after the call
-
-
-class TrimResult(NamedTuple):
-    released_pages: int
-    released_bytes: int
-    evicted_blocks: int
-
-
 class KVPool:
     """An elastic KV-cache pool for one model on one worker."""
 
@@ -71,7 +58,7 @@ class KVPool:
         self.config = config
         self.geometry = Geometry.fit(config.shape, config.layout, config.page_bytes, config.virtual_bytes)
         g = self.geometry
-        self._limit_pages = self._pages_for(config.limit_bytes)
+        self._limit = Limit(config.limit_bytes, g.page_physical_bytes, g.total_bytes, floor_pages=int(null_block))
         self.backend = backend or open_backend(
             config.backend, g.total_bytes, device=config.device, prefault=config.prefault
         )
@@ -81,15 +68,12 @@ class KVPool:
                 f"{self.backend.granularity} and the backend must reserve {g.total_bytes} bytes"
             )
         self._lock = threading.RLock()
-        self._table = PageTable(g.num_pages, g.blocks_per_page, self._limit_pages)
+        self._table = PageTable(g.num_pages, g.blocks_per_page, self._limit.pages)
         self._state = bytearray(g.num_blocks)
         self._free: dict[int, list[int]] = {}
         self._n_free = 0  # sum of len(self._free[p]): kept so allocation checks capacity in O(1)
         self._lru: collections.OrderedDict[int, None] = collections.OrderedDict()
         self._on_release = on_release
-        self._pending = PendingResize(self.effective_limit_bytes, 0, ResizeStatus.APPLIED)
-        self._requested_limit = config.limit_bytes
-        self._resizes: collections.Counter[str] = collections.Counter()
         self._null = null_block
         if null_block:
             page = self._map_new_page()
@@ -149,7 +133,7 @@ class KVPool:
                 self._n_free += len(ids)
             for page in touched:
                 self._table.touch(PageId(page))
-            if self._table.physical_pages > self._limit_pages:
+            if self._table.physical_pages > self._limit.pages:
                 self._converge()
 
     def reuse(self, blocks: Iterable[BlockId]) -> None:
@@ -172,21 +156,13 @@ class KVPool:
         """Set the physical limit. Revisions are monotonic: older -> STALE, same revision with
         another limit -> CONFLICT, both without change. Shrinks release idle pages now and the
         rest as their blocks are freed (DEFERRED until then)."""
-        floor = self.geometry.page_physical_bytes if self._null else 0
-        check_resize_args(limit_bytes, revision, floor, self.geometry.total_bytes)
         with self._lock:
-            verdict = classify(self._pending.revision, self._requested_limit, limit_bytes, revision)
-            if verdict in (Verdict.STALE, Verdict.CONFLICT):
-                status = ResizeStatus(verdict.value)
-                self._resizes[status.value] += 1
-                return self._resize_result(status)
+            verdict = self._limit.request(limit_bytes, revision)
             if verdict is Verdict.NEW:
-                self._requested_limit = limit_bytes
-                self._limit_pages = self._table.limit_pages = self._pages_for(limit_bytes)
+                self._table.limit_pages = self._limit.pages
                 self._converge()
-                self._pending = PendingResize(self.effective_limit_bytes, revision, self._limit_status())
-                self._resizes[self._pending.status.value] += 1
-            return self._resize_result(self._pending.status)
+                self._limit.accepted()
+            return self._limit.result(verdict, self._table.physical_pages)
 
     def trim(self) -> TrimResult:
         """Release every page that holds no used block now (cached blocks are evicted, demoted
@@ -205,7 +181,7 @@ class KVPool:
             added = 0
             while (
                 self._table.count(PageState.RESERVE) < self.config.reserve_pages
-                and self._table.physical_pages < self._limit_pages
+                and self._table.physical_pages < self._limit.pages
                 and self._table.unmapped_page() is not None
             ):
                 self._map_reserve_page()
@@ -216,7 +192,7 @@ class KVPool:
 
     @property
     def effective_limit_bytes(self) -> int:
-        return self._limit_pages * self.geometry.page_physical_bytes
+        return self._limit.effective_bytes
 
     def snapshot(self) -> PoolSnapshot:
         """A consistent, frozen view of the pool (see :class:`PoolSnapshot`)."""
@@ -226,21 +202,18 @@ class KVPool:
             mapped_blocks = t.count(PageState.MAPPED) * g.blocks_per_page
             used = sum(t.used) - null
             cached = len(self._lru)
-            return PoolSnapshot(
+            return self._limit.snapshot(
                 model=self.config.model,
                 layout=g.layout.value,
                 page_bytes=g.page_physical_bytes,
                 block_bytes=g.shape.block_bytes,
                 blocks_per_page=g.blocks_per_page,
                 virtual_bytes=g.total_bytes,
-                limit_bytes=self.effective_limit_bytes,
                 mapped_bytes=t.count(PageState.MAPPED) * g.page_physical_bytes,
                 reserve_bytes=t.count(PageState.RESERVE) * g.page_physical_bytes + self.backend.reserve_bytes,
                 used_blocks=used,
                 cached_blocks=cached,
                 free_blocks=mapped_blocks - used - cached - null,
-                pending=self._pending,
-                resizes=dict(self._resizes),
             )
 
     def check_integrity(self) -> None:
@@ -261,30 +234,18 @@ class KVPool:
 
     # ---- internals ------------------------------------------------------------------------
 
-    def _pages_for(self, limit_bytes: int) -> int:
-        return limit_bytes // self.geometry.page_physical_bytes
-
-    def _limit_status(self) -> ResizeStatus:
-        over = self._table.physical_pages > self._limit_pages
-        return ResizeStatus.DEFERRED if over else ResizeStatus.APPLIED
-
-    def _resize_result(self, status: ResizeStatus) -> ResizeResult:
-        physical = self._table.physical_pages * self.geometry.page_physical_bytes
-        return ResizeResult(status, self._pending.revision, self.effective_limit_bytes, physical)
-
     def _converge(self) -> None:
         """Release idle pages until within the limit; settle a deferred resize when done."""
-        excess = self._table.physical_pages - self._limit_pages
+        excess = self._table.physical_pages - self._limit.pages
         if excess > 0:
             for page in self._table.release_candidates()[:excess]:
                 self._release(page)
-        if self._pending.status is ResizeStatus.DEFERRED and self._limit_status() is ResizeStatus.APPLIED:
-            self._pending = PendingResize(self._pending.target_bytes, self._pending.revision, ResizeStatus.APPLIED)
+        self._limit.settle(self._table.physical_pages)
 
     def _available_blocks(self) -> int:
         t = self._table
         free = self._n_free
-        headroom = max(0, self._limit_pages - t.physical_pages) + t.count(PageState.RESERVE)
+        headroom = max(0, self._limit.pages - t.physical_pages) + t.count(PageState.RESERVE)
         growable = min(headroom, t.count(PageState.RESERVE) + t.count(PageState.UNMAPPED))
         return free + len(self._lru) + growable * t.blocks_per_page
 
@@ -294,7 +255,7 @@ class KVPool:
         if page is not None:
             self._activate(page)
             return page
-        if self._table.physical_pages >= self._limit_pages or self._table.unmapped_page() is None:
+        if self._table.physical_pages >= self._limit.pages or self._table.unmapped_page() is None:
             return None
         return self._map_new_page()
 

@@ -1,6 +1,15 @@
-"""The pool's state as data: one frozen snapshot feeds the admin API and the metrics.
+"""The pool's state and results as data: the one contract from the pool to the operator.
 
-``schema_version`` changes whenever a field is renamed or removed (adding one is compatible).
+Every pool (the standalone ``KVPool`` and the engine's ``SchedulerSide``) returns these types;
+the control channel carries them as ``to_dict()`` JSON and rebuilds them with ``from_dict``; the
+server's admin API returns that JSON (its shape: ``docs/api.md``, checked by a test against
+``docs/api/*.schema.json``); the metrics read the types. ``schema_version`` changes whenever a
+field is renamed or removed (adding one is compatible), and readers refuse a version they do not
+know.
+
+Bytes, one meaning per name: ``mapped_bytes`` are pages holding blocks; ``reserve_bytes`` are
+pages backed but holding none (the pool's reserve and pages awaiting their unmap); their sum,
+``physical_bytes``, is what the pool holds of the device and what a budget must count.
 """
 
 from __future__ import annotations
@@ -8,7 +17,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Self
+
+from kvpool.errors import ConfigError
 
 SCHEMA_VERSION = 1
 
@@ -75,10 +86,68 @@ class PoolSnapshot:
     demand: DemandStats | None = None
     schema_version: int = SCHEMA_VERSION
 
+    DERIVED: ClassVar[tuple[str, ...]] = ("physical_bytes",)  #: in to_dict(), not fields
+
+    @property
+    def physical_bytes(self) -> int:
+        """Device memory the pool holds now: pages with blocks and backed pages without."""
+        return self.mapped_bytes + self.reserve_bytes
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (enums as their values)."""
+        """JSON-ready dict (enums as their values; ``physical_bytes`` included for readers)."""
+        out: dict[str, Any] = _jsonable(dataclasses.asdict(self))
+        out["physical_bytes"] = self.physical_bytes
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Self:
+        """The snapshot back from ``to_dict`` JSON; a ConfigError for another schema version."""
+        if d.get("schema_version") != SCHEMA_VERSION:
+            raise ConfigError(
+                f"snapshot schema_version {d.get('schema_version')!r}: this reader knows {SCHEMA_VERSION}"
+            )
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in fields}
+        p = d["pending"]
+        kw["pending"] = PendingResize(p["target_bytes"], p["revision"], ResizeStatus(p["status"]))
+        kw["offload"] = OffloadStats(**d["offload"]) if d.get("offload") else None
+        kw["demand"] = DemandStats(**d["demand"]) if d.get("demand") else None
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class ResizeResult:
+    """What ``resize(limit, revision)`` did, right after the call."""
+
+    status: ResizeStatus
+    revision: int  #: the pool's revision after the call (unchanged for stale / conflict)
+    effective_limit_bytes: int  #: the limit in whole pages
+    physical_bytes: int  #: mapped + reserve: what the pool still holds of the device
+
+    def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = _jsonable(dataclasses.asdict(self))
         return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Self:
+        return cls(ResizeStatus(d["status"]), d["revision"], d["effective_limit_bytes"], d["physical_bytes"])
+
+
+@dataclass(frozen=True)
+class TrimResult:
+    """What ``trim()`` released: at once in the standalone pool; in the engine the pages drain
+    (their blocks leave vLLM's free queue) and are unmapped once every worker acknowledges."""
+
+    released_pages: int
+    released_bytes: int
+    evicted_blocks: int  #: cached blocks whose content was dropped
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Self:
+        return cls(d["released_pages"], d["released_bytes"], d["evicted_blocks"])
 
 
 def _jsonable(value: Any) -> Any:

@@ -35,10 +35,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
 
-from kvpool.vllm.control import ControlServer
+from kvpool.control import ControlServer
 from kvpool.vllm.geometry import geometry_from_kv_cache_config
 from kvpool.vllm.protocol import PageOp, PoolMetadata, PoolWorkerMetadata
-from kvpool.vllm.scheduler_side import ControlRequest, SchedulerSide
+from kvpool.vllm.scheduler_side import SchedulerSide
 from kvpool.vllm.settings import ConnectorSettings
 from kvpool.vllm.tier import Tier, tier_config
 from kvpool.vllm.worker_side import WorkerSide
@@ -79,10 +79,7 @@ class KVPoolConnector(KVConnectorBase_V1):
             self.scheduler = SchedulerSide(self.settings, geometry, grow_ahead, self.tier)
             if self.settings.control_address:
                 self._control = ControlServer(
-                    self.settings.control_address,
-                    self.scheduler.mailbox,
-                    self.settings.control_timeout_s,
-                    lambda op, args: ControlRequest(op, args),
+                    self.settings.control_address, self.scheduler.mailbox, self.settings.control_timeout_s
                 )
         else:
             device = torch.cuda.current_device() if torch.cuda.is_available() else 0

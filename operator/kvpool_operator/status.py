@@ -23,14 +23,14 @@ def model_status(r: PodRound, name: str, previous: dict[str, Any] | None) -> dic
     out: dict[str, Any] = {"pod": r.pod, "name": name, "reachable": name in r.snapshots}
     snap = r.snapshots.get(name)
     if snap is not None:
-        demand = snap.get("demand") or {}
         out |= {
-            "limitBytes": int(snap["limit_bytes"]),
-            "mappedBytes": int(snap["mapped_bytes"]),
-            "usedBytes": int(snap["used_blocks"]) * int(snap["block_bytes"]),
-            "runningRequests": int(demand.get("running_requests", 0)),
-            "waitingRequests": int(demand.get("waiting_requests", 0)),
-            "preemptions": int(demand.get("preemptions", 0)),
+            "limitBytes": snap.limit_bytes,
+            "mappedBytes": snap.mapped_bytes,
+            "physicalBytes": snap.physical_bytes,
+            "usedBytes": snap.used_bytes,
+            "runningRequests": snap.running_requests,
+            "waitingRequests": snap.waiting_requests,
+            "preemptions": snap.preemptions,
         }
     elif previous and "limitBytes" in previous:
         out["limitBytes"] = previous["limitBytes"]  # kept: the policy leaves an unreachable pool alone

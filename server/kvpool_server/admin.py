@@ -1,8 +1,10 @@
-"""The pool admin API (DESIGN.md "Pool admin API"): the operator's only lever.
+"""The pool admin API: the operator's only lever (the JSON shapes: ``docs/api.md``).
 
     GET  /kvpool        -> the PoolSnapshot (plus demand signals from vLLM's own metrics)
-    PUT  /kvpool/limit  {"limit_bytes": N, "revision": R} -> applied | deferred | stale | conflict
-    POST /kvpool/trim   -> release idle pages now
+    PUT  /kvpool/limit  {"limit_bytes": N, "revision": R} -> the ResizeResult
+                           (status applied | deferred | stale | conflict)
+    POST /kvpool/trim   -> the TrimResult: idle pages released now
+    GET  /kvpool/integrity -> {"ok": true}, or a 500 naming the broken invariant
 
 Bearer-token protected when a token is configured. Errors are 4xx with a message that says what
 to fix (422: the body; 400: a value the pool refuses), 503 when the engine does not answer.
@@ -10,18 +12,21 @@ to fix (422: the body; 400: a value the pool refuses), 503 when the engine does 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from kvpool import ConfigError, KVPoolError
-from kvpool.vllm.control import AsyncControlClient, EngineUnavailable
+from kvpool import ConfigError, DemandStats, KVPoolError, PoolSnapshot
+from kvpool.control import AsyncControlClient, EngineUnavailable
 from kvpool_server.metrics import ResizeTimer
+
+T = TypeVar("T")
 
 log = logging.getLogger("kvpool_server.admin")
 
@@ -47,9 +52,10 @@ class PoolAdmin:
     ) -> None:
         self.control, self.timer, self.demand, self.token = control, timer, demand, token
 
-    async def call(self, op: str, **args: Any) -> Any:
+    async def call(self, request: Coroutine[Any, Any, T]) -> T:
+        """One control request (``self.control.snapshot()``, ...) with its errors as HTTP errors."""
         try:
-            return await self.control.call(op, **args)
+            return await request
         except ConfigError as e:
             raise HTTPException(400, detail=str(e)) from e
         except EngineUnavailable as e:
@@ -57,9 +63,8 @@ class PoolAdmin:
         except KVPoolError as e:
             raise HTTPException(500, detail=str(e)) from e
 
-    async def snapshot(self) -> dict[str, Any]:
-        snap: dict[str, Any] = await self.call("snapshot")
-        snap["demand"] = self.demand()
+    async def snapshot(self) -> PoolSnapshot:
+        snap = dataclasses.replace(await self.call(self.control.snapshot()), demand=DemandStats(**self.demand()))
         self.timer.seen(snap)
         return snap
 
@@ -85,34 +90,33 @@ def admin_router(admin: PoolAdmin) -> APIRouter:
 
     @router.get("", summary="The pool's snapshot")
     async def get_snapshot() -> dict[str, Any]:
-        return await admin.snapshot()
+        return (await admin.snapshot()).to_dict()
 
     @router.put("/limit", summary="Set the physical KV limit")
     async def put_limit(body: LimitRequest, request: Request) -> dict[str, Any]:
-        before = (await admin.call("snapshot"))["limit_bytes"]
+        before = (await admin.call(admin.control.snapshot())).limit_bytes
         start = time.monotonic()
-        result: dict[str, Any] = await admin.call("resize", limit_bytes=body.limit_bytes, revision=body.revision)
-        after = result.get("effective_limit_bytes", body.limit_bytes)
-        admin.timer.answered(body.revision, before, after, result["status"], time.monotonic() - start)
+        result = await admin.call(admin.control.resize(body.limit_bytes, body.revision))
+        after = result.effective_limit_bytes
+        admin.timer.answered(body.revision, before, after, result.status, time.monotonic() - start)
         log.info(
             "resize",
             extra={
                 "limit_bytes": body.limit_bytes,
                 "revision": body.revision,
-                **result,
+                **result.to_dict(),
                 "request_id": request.headers.get("x-request-id"),
             },
         )
-        return result
+        return result.to_dict()
 
     @router.get("/integrity", summary="Run the pool's check_integrity() in the engine")
     async def get_integrity() -> dict[str, bool]:
-        await admin.call("check")  # a broken invariant is a 500 with the numbers in the message
+        await admin.call(admin.control.check_integrity())  # a broken invariant: a 500 with its numbers
         return {"ok": True}
 
     @router.post("/trim", summary="Release idle pages now")
     async def post_trim() -> dict[str, Any]:
-        result: dict[str, Any] = await admin.call("trim")
-        return result
+        return (await admin.call(admin.control.trim())).to_dict()
 
     return router

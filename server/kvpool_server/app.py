@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kvpool.control import AsyncControlClient
 from kvpool.vllm.args import PoolEngineConfig
-from kvpool.vllm.control import AsyncControlClient
 from kvpool.vllm.openai import openai_app, prometheus_registry
 from kvpool_server.admin import PoolAdmin, admin_router
 from kvpool_server.metrics import PoolCollector, ResizeTimer
@@ -61,7 +61,7 @@ def _add_probes(app: FastAPI, admin: PoolAdmin, client: Any) -> None:
     async def readyz() -> Response:
         try:
             await client.check_health()
-            await admin.call("snapshot")
+            await admin.call(admin.control.snapshot())
         except (HTTPException, Exception) as e:  # any failure means: do not route traffic here
             return JSONResponse({"ready": False, "reason": str(e)}, status_code=503)
         return JSONResponse({"ready": True})

@@ -1,8 +1,9 @@
 """``kvpool_*`` metrics on vLLM's registry: one ``/metrics`` for both, values from the snapshot.
 
-The snapshot lives in the engine process; a scrape refreshes it first (``refresh``, awaited by a
-middleware in front of ``/metrics``), then the collector turns it into metric families. Base units,
-``_total`` counters, one ``model`` label (plus ``state`` / ``status`` / ``direction``).
+The snapshot lives in the engine process; a scrape fetches it first (our ``/metrics`` route, put
+ahead of vLLM's in ``app.py``), then the collector turns the :class:`PoolSnapshot` into metric
+families. Base units, ``_total`` counters, one ``model`` label (plus ``state`` / ``status`` /
+``direction``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from kvpool import OffloadStats, PoolSnapshot, ResizeStatus
 
 GAUGES = {
     "kvpool_limit_bytes": ("limit_bytes", "Physical KV bytes the pool may back (effective: whole pages)."),
@@ -27,6 +30,7 @@ OFFLOAD_COUNTERS = {
     "kvpool_offload_misses": ("misses", "Prefix lookups the CPU offload tier could not serve."),
     "kvpool_demoted_blocks": ("demoted_blocks", "Cached blocks moved to the CPU tier when pages were released."),
 }
+NO_TIER = OffloadStats(0, 0, 0, 0, 0, 0, 0)
 
 
 class PoolCollector(Collector):
@@ -34,7 +38,7 @@ class PoolCollector(Collector):
 
     def __init__(self, model: str) -> None:
         self.model = model
-        self.latest: dict[str, Any] | None = None
+        self.latest: PoolSnapshot | None = None
 
     def describe(self) -> list[Metric]:
         return []  # collect() needs a live snapshot; do not call it at registration
@@ -48,37 +52,37 @@ class PoolCollector(Collector):
             return
         for name, (key, doc) in GAUGES.items():
             g = GaugeMetricFamily(name, doc, labels=["model"])
-            g.add_metric(m, float(snap[key]))
+            g.add_metric(m, float(getattr(snap, key)))
             yield g
         blocks = GaugeMetricFamily("kvpool_blocks", "Blocks in backed pages by state.", labels=["model", "state"])
         for state in ("used", "cached", "free"):
-            blocks.add_metric([*m, state], float(snap[f"{state}_blocks"]))
+            blocks.add_metric([*m, state], float(getattr(snap, f"{state}_blocks")))
         yield blocks
         resizes = CounterMetricFamily("kvpool_resize", "Resize requests by outcome.", labels=["model", "status"])
-        for status in ("applied", "deferred", "stale", "conflict"):
-            resizes.add_metric([*m, status], float(snap["resizes"].get(status, 0)))
+        for status in ResizeStatus:
+            resizes.add_metric([*m, status.value], float(snap.resizes.get(status.value, 0)))
         yield resizes
-        yield from self._offload(snap.get("offload") or {}, m)
+        yield from self._offload(snap.offload or NO_TIER, m)
 
-    def _offload(self, off: dict[str, Any], m: list[str]) -> Iterator[Metric]:
+    def _offload(self, off: OffloadStats, m: list[str]) -> Iterator[Metric]:
         """Zeros while the tier is off: the series exist, so dashboards and alerts resolve."""
         for name, key, doc in (
             ("kvpool_offload_capacity_bytes", "capacity_bytes", "CPU offload tier size (0 = off)."),
             ("kvpool_offload_used_bytes", "used_bytes", "Bytes held in the CPU offload tier."),
         ):
             g = GaugeMetricFamily(name, doc, labels=["model"])
-            g.add_metric(m, float(off.get(key, 0)))
+            g.add_metric(m, float(getattr(off, key)))
             yield g
         moved = CounterMetricFamily(
             "kvpool_offload_bytes", "Bytes moved by the CPU tier (in = loads to the pool, out = stores).",
             labels=["model", "direction"],
         )  # fmt: skip
-        moved.add_metric([*m, "in"], float(off.get("bytes_in", 0)))
-        moved.add_metric([*m, "out"], float(off.get("bytes_out", 0)))
+        moved.add_metric([*m, "in"], float(off.bytes_in))
+        moved.add_metric([*m, "out"], float(off.bytes_out))
         yield moved
         for name, (key, doc) in OFFLOAD_COUNTERS.items():
             c = CounterMetricFamily(name, doc, labels=["model"])
-            c.add_metric(m, float(off.get(key, 0)))
+            c.add_metric(m, float(getattr(off, key)))
             yield c
 
 
@@ -110,22 +114,22 @@ class ResizeTimer:
             self.histogram.labels(model, direction)
             self.moved.labels(model, direction)
 
-    def answered(self, revision: int, before: int, after: int, status: str, elapsed_s: float) -> None:
+    def answered(self, revision: int, before: int, after: int, status: ResizeStatus, elapsed_s: float) -> None:
         """The PUT from limit ``before`` to ``after`` returned ``status`` after ``elapsed_s``; a
         deferred one stays open until a snapshot shows it applied."""
         direction = "grow" if after >= before else "shrink"
-        if status in ("applied", "deferred"):
+        if status in (ResizeStatus.APPLIED, ResizeStatus.DEFERRED):
             self.moved.labels(self.model, direction).inc(abs(after - before))
-        if status == "applied":
+        if status is ResizeStatus.APPLIED:
             self.histogram.labels(self.model, direction).observe(elapsed_s)
-        elif status == "deferred":
+        elif status is ResizeStatus.DEFERRED:
             self._open[revision] = (direction, time.monotonic() - elapsed_s)
 
-    def seen(self, snapshot: dict[str, Any]) -> None:
-        pending = snapshot["pending"]
-        if pending["status"] != "applied":
+    def seen(self, snapshot: PoolSnapshot) -> None:
+        pending = snapshot.pending
+        if pending.status is not ResizeStatus.APPLIED:
             return
-        for revision in [r for r in self._open if r <= pending["revision"]]:
+        for revision in [r for r in self._open if r <= pending.revision]:
             direction, start = self._open.pop(revision)
             self.histogram.labels(self.model, direction).observe(time.monotonic() - start)
 

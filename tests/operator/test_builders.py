@@ -8,7 +8,8 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from kvpool_operator.builders import deployment, initial_limits, manifests, services
+from kvpool_operator.builders import deployment, manifests, services
+from kvpool_operator.policy import initial_limits
 from kvpool_operator.spec import parse_group
 
 GiB = 1 << 30
@@ -36,7 +37,7 @@ def labels(model: str | None = None) -> dict[str, str]:
 
 
 def test_initial_limits_give_every_minimum_and_split_the_rest_by_weight() -> None:
-    limits = initial_limits(parse_group(spec()))
+    limits = initial_limits(parse_group(spec()).policy)
     assert limits == {"llama": 4 * GiB + 24 * GiB, "qwen": 4 * GiB + 8 * GiB}
     assert sum(limits.values()) <= 40 * GiB
 

@@ -1,6 +1,7 @@
 """The real server over HTTP: the official openai client works, the admin API keeps its contract
-(revisions, tokens, clear 4xx errors that change nothing), /metrics carries vLLM's series and
-every kvpool_* series DESIGN.md names, moving with load and resizes, and a bounded concurrent
+(every reply valid against the published JSON Schemas in docs/api, revisions, tokens, clear 4xx
+errors that change nothing), /metrics carries vLLM's series and
+every kvpool_* series docs name, moving with load and resizes, and a bounded concurrent
 load survives a limit cut without losing a request or a block."""
 
 from __future__ import annotations
@@ -8,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -26,6 +29,13 @@ DESIGN_METRICS = [
     "kvpool_offload_misses", "kvpool_demoted_blocks",
 ]  # fmt: skip
 _revision = itertools.count(100)
+API_DOCS = Path(__file__).parents[2] / "docs" / "api"
+
+
+def conforms(reply: str, body: Any) -> Any:
+    """``body``, after checking it against the published schema of ``reply``."""
+    jsonschema.validate(body, json.loads((API_DOCS / f"{reply}.schema.json").read_text()))
+    return body
 
 
 def openai_client(server: Server) -> Any:
@@ -69,7 +79,8 @@ def test_the_openai_client_completes_chats_streams_and_lists_models(server: Serv
 
 
 def test_the_snapshot_is_complete_and_consistent(server: Server) -> None:
-    snap = server.admin().get("/kvpool").json()
+    snap = conforms("snapshot", server.admin().get("/kvpool").json())
+    assert snap["physical_bytes"] == snap["mapped_bytes"] + snap["reserve_bytes"]
     for key in ("schema_version", "model", "layout", "page_bytes", "block_bytes", "virtual_bytes", "limit_bytes",
                 "mapped_bytes", "reserve_bytes", "used_blocks", "cached_blocks", "free_blocks", "pending",
                 "offload", "demand"):  # fmt: skip
@@ -85,12 +96,13 @@ def test_the_snapshot_is_complete_and_consistent(server: Server) -> None:
 def test_limit_revisions_round_trip(server: Server) -> None:
     admin = server.admin()
     rev = next(_revision)
-    first = admin.put("/kvpool/limit", json={"limit_bytes": 128 * MiB, "revision": rev}).json()
+    first = conforms("resize", admin.put("/kvpool/limit", json={"limit_bytes": 128 * MiB, "revision": rev}).json())
     assert first["status"] == "applied"
     assert first["effective_limit_bytes"] == 128 * MiB
     again = admin.put("/kvpool/limit", json={"limit_bytes": 128 * MiB, "revision": rev}).json()
     assert again["status"] == "applied"
-    assert admin.put("/kvpool/limit", json={"limit_bytes": 64 * MiB, "revision": rev}).json()["status"] == "conflict"
+    conflict = conforms("resize", admin.put("/kvpool/limit", json={"limit_bytes": 64 * MiB, "revision": rev}).json())
+    assert conflict["status"] == "conflict"
     assert admin.put("/kvpool/limit", json={"limit_bytes": 64 * MiB, "revision": rev - 1}).json()["status"] == "stale"
     assert admin.get("/kvpool").json()["limit_bytes"] == 128 * MiB
     admin.put("/kvpool/limit", json={"limit_bytes": 256 * MiB, "revision": next(_revision)})
@@ -154,7 +166,9 @@ def test_trim_releases_memory(server: Server) -> None:
     admin = server.admin()
     openai_client(server).completions.create(model=MODEL, prompt=[list(range(10, 1800))], max_tokens=2)
     loaded = admin.get("/kvpool").json()
-    assert admin.post("/kvpool/trim").status_code == 200
+    released = admin.post("/kvpool/trim")
+    assert released.status_code == 200
+    assert conforms("trim", released.json())["released_pages"] >= 1
     trimmed = admin.get("/kvpool").json()
     assert trimmed["mapped_bytes"] < loaded["mapped_bytes"]
     assert trimmed["mapped_bytes"] <= trimmed["page_bytes"] * 2

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from kvpool import ConfigError
-from kvpool.vllm.control import AsyncControlClient, EngineUnavailable
+from kvpool import ConfigError, ResizeResult, ResizeStatus
+from kvpool.control import AsyncControlClient, EngineUnavailable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -34,14 +34,14 @@ def prompts(n: int, tokens: int, seed: int = 0) -> list[list[int]]:
 def engine(pool_engine: Any) -> Any:
     """The session's pool engine, trimmed and with a fresh revision; integrity checked after."""
     yield pool_engine
-    pool_engine.call("check")
+    pool_engine.check_integrity()
 
 
 _revision = iter(range(1000, 10**9))
 
 
-def resize(engine: Any, limit: int) -> dict[str, Any]:
-    result: dict[str, Any] = engine.call("resize", limit_bytes=limit, revision=next(_revision))
+def resize(engine: Any, limit: int) -> ResizeResult:
+    result: ResizeResult = engine.resize(limit, next(_revision))
     return result
 
 
@@ -54,15 +54,15 @@ def test_greedy_outputs_are_identical_to_stock_vllm(engine: Any, stock_engine: A
 
 
 def test_physical_memory_rises_under_load_and_falls_after_trim(engine: Any) -> None:
-    engine.call("trim")
-    idle = engine.call("snapshot")
+    engine.trim()
+    idle = engine.snapshot()
     rss_idle = engine.worker_rss()
     peak = {"mapped": 0}
     done = threading.Event()
 
     def watch() -> None:
         while not done.is_set():
-            peak["mapped"] = max(peak["mapped"], engine.call("snapshot")["mapped_bytes"])
+            peak["mapped"] = max(peak["mapped"], engine.snapshot().mapped_bytes)
             time.sleep(0.05)
 
     watcher = threading.Thread(target=watch)
@@ -70,19 +70,19 @@ def test_physical_memory_rises_under_load_and_falls_after_trim(engine: Any) -> N
     engine.generate(prompts(24, 1500, seed=3), greedy(32))
     done.set()
     watcher.join()
-    loaded = engine.call("snapshot")
+    loaded = engine.snapshot()
     rss_loaded = engine.worker_rss()
     # 2 KiB of KV per token: 24 x 1500 tokens is 72 MiB if all were resident at once; the
     # scheduler runs ~5 prefills a step, so at least a third of it is mapped at the peak
-    assert peak["mapped"] >= idle["mapped_bytes"] + 24 * MiB
-    assert rss_loaded - rss_idle >= loaded["mapped_bytes"] - idle["mapped_bytes"]
-    engine.call("trim")
-    trimmed = engine.call("snapshot")
-    released = loaded["mapped_bytes"] - trimmed["mapped_bytes"]
-    assert trimmed["mapped_bytes"] <= idle["mapped_bytes"] + trimmed["page_bytes"]
+    assert peak["mapped"] >= idle.mapped_bytes + 24 * MiB
+    assert rss_loaded - rss_idle >= loaded.mapped_bytes - idle.mapped_bytes
+    engine.trim()
+    trimmed = engine.snapshot()
+    released = loaded.mapped_bytes - trimmed.mapped_bytes
+    assert trimmed.mapped_bytes <= idle.mapped_bytes + trimmed.page_bytes
     assert released >= 16 * MiB
-    assert trimmed["cached_blocks"] < trimmed["blocks_per_page"]  # only page 0 (the null block's) stays
-    assert loaded["used_blocks"] == 0
+    assert trimmed.cached_blocks < trimmed.blocks_per_page  # only page 0 (the null block's) stays
+    assert loaded.used_blocks == 0
     assert rss_loaded - engine.worker_rss() >= 0.9 * released  # the pages really went back to the OS
 
 
@@ -93,16 +93,16 @@ def test_a_shrink_under_load_defers_then_applies_and_loses_no_request(engine: An
     worker = threading.Thread(target=lambda: results.update(out=engine.generate(batch, greedy(160))))
     worker.start()
     deadline = time.monotonic() + 60
-    while engine.call("snapshot")["used_blocks"] < 100 and time.monotonic() < deadline:
+    while engine.snapshot().used_blocks < 100 and time.monotonic() < deadline:
         time.sleep(0.02)
     reply = resize(engine, 4 * MiB)  # 64 blocks while >= 100 are in use
-    assert reply["status"] == "deferred"
+    assert reply.status is ResizeStatus.DEFERRED
     worker.join(timeout=300)
     assert [len(c.token_ids) for c in results["out"]] == [160] * 16  # every request completed
-    engine.call("snapshot")  # one more engine-thread pass settles the drain
-    snap = engine.call("snapshot")
-    assert snap["pending"]["status"] == "applied"
-    assert snap["mapped_bytes"] + snap["reserve_bytes"] <= 4 * MiB
+    engine.snapshot()  # one more engine-thread pass settles the drain
+    snap = engine.snapshot()
+    assert snap.pending.status is ResizeStatus.APPLIED
+    assert snap.mapped_bytes + snap.reserve_bytes <= 4 * MiB
     resize(engine, 512 * MiB)
 
 
@@ -113,7 +113,7 @@ def test_a_request_beyond_the_limit_waits_and_completes_when_memory_is_granted(e
     worker = threading.Thread(target=lambda: results.update(out=engine.generate(batch, greedy(32))))
     worker.start()
     time.sleep(3)
-    assert engine.call("snapshot")["mapped_bytes"] <= 2 * MiB
+    assert engine.snapshot().mapped_bytes <= 2 * MiB
     resize(engine, 512 * MiB)
     worker.join(timeout=300)
     assert [len(c.token_ids) for c in results["out"]] == [32] * 4
@@ -132,15 +132,15 @@ def test_prefix_caching_still_hits(engine: Any) -> None:
 
 
 def test_bad_control_requests_are_refused_and_change_nothing(engine: Any) -> None:
-    before = engine.call("snapshot")
+    before = engine.snapshot()
     with pytest.raises(ConfigError, match="limit_bytes"):
-        engine.call("resize", limit_bytes=-1, revision=next(_revision))
+        engine.resize(-1, next(_revision))
     with pytest.raises(ConfigError, match="revision must be an integer"):
-        engine.call("resize", limit_bytes=MiB, revision="x")
-    stale = engine.call("resize", limit_bytes=MiB, revision=1)
-    assert stale["status"] == "stale"
-    after = engine.call("snapshot")
-    assert (after["limit_bytes"], after["pending"]) == (before["limit_bytes"], before["pending"])
+        engine.resize(MiB, "x")
+    stale = engine.resize(MiB, 1)
+    assert stale.status is ResizeStatus.STALE
+    after = engine.snapshot()
+    assert (after.limit_bytes, after.pending) == (before.limit_bytes, before.pending)
 
 
 def test_a_control_client_without_an_engine_gets_a_clear_error(engine: Any) -> None:

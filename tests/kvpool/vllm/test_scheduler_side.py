@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from kvpool import ConfigError, Geometry, KVLayout, ModelShape
-from kvpool.vllm.integrity import check_engine_pool
+from kvpool import ConfigError, Geometry, KVLayout, ModelShape, ResizeResult, ResizeStatus
+from kvpool.control import ControlRequest, Resize
 from kvpool.vllm.protocol import PageCommand, PageOp, PoolWorkerMetadata
 from kvpool.vllm.scheduler_side import SchedulerSide
 from kvpool.vllm.settings import ConnectorSettings
@@ -38,7 +38,7 @@ def ack(side: SchedulerSide, commands: list[PageCommand], failed: dict[int, str]
 def run_step(side: SchedulerSide, demand: bool = True) -> list[PageCommand]:
     cmds = side.step(scheduled_tokens=int(demand), demand_blocks=int(demand))
     ack(side, cmds)
-    check_engine_pool(side)
+    side.check_integrity()
     return cmds
 
 
@@ -46,7 +46,7 @@ def test_only_page_zero_is_offered_at_start() -> None:
     side = make_side()
     assert side.block_pool.get_num_free_blocks() == 3  # page 0 minus the null block
     assert len(side.withheld) == 60
-    check_engine_pool(side)
+    side.check_integrity()
 
 
 def test_pages_are_granted_only_after_the_map_is_acknowledged() -> None:
@@ -58,7 +58,7 @@ def test_pages_are_granted_only_after_the_map_is_acknowledged() -> None:
     assert side.block_pool.get_num_free_blocks() == 11
     got = side.block_pool.get_new_blocks(11)
     assert sorted(b.block_id for b in got) == list(range(1, 12))  # never a withheld block
-    check_engine_pool(side)
+    side.check_integrity()
 
 
 def test_growth_stops_at_the_limit_and_without_demand() -> None:
@@ -78,7 +78,7 @@ def test_a_failed_map_is_undone_on_every_rank_and_its_blocks_stay_withheld() -> 
     assert [(c.page, c.op) for c in undo] == [(1, PageOp.UNMAP)]
     ack(side, undo)
     assert side.block_pool.get_num_free_blocks() == 3
-    check_engine_pool(side)
+    side.check_integrity()
 
 
 def test_a_shrink_below_used_pages_is_deferred_until_their_blocks_free() -> None:
@@ -87,15 +87,15 @@ def test_a_shrink_below_used_pages_is_deferred_until_their_blocks_free() -> None
     bp = side.block_pool
     held = bp.get_new_blocks(bp.get_num_free_blocks())  # every mapped block in use
     reply = side.resize(2 * side.page_bytes, revision=1)
-    assert reply["status"] == "deferred"
+    assert reply.status is ResizeStatus.DEFERRED
     run_step(side)
-    assert side.snapshot().pending.status.value == "deferred"
+    assert side.snapshot().pending.status is ResizeStatus.DEFERRED
     bp.free_blocks(held)
     run_step(side)  # drain: blocks withheld, unmaps sent and acknowledged
     snap = side.snapshot()
-    assert snap.pending.status.value == "applied"
+    assert snap.pending.status is ResizeStatus.APPLIED
     assert snap.mapped_bytes <= 2 * side.page_bytes
-    check_engine_pool(side)
+    side.check_integrity()
 
 
 def test_trim_releases_idle_pages_and_evicts_their_cached_blocks() -> None:
@@ -104,35 +104,39 @@ def test_trim_releases_idle_pages_and_evicts_their_cached_blocks() -> None:
     bp = side.block_pool
     blocks = bp.get_new_blocks(6)
     bp.free_blocks(blocks)
-    side.trim()
+    pages = side.snapshot().mapped_bytes // side.page_bytes
+    trimmed = side.trim()
+    # every page but the null block's; the freed blocks carry no hash, so no cached one is evicted
+    assert (trimmed.released_pages, trimmed.released_bytes) == (pages - 1, (pages - 1) * side.page_bytes)
+    assert trimmed.evicted_blocks == 0
     run_step(side, demand=False)
     assert side.snapshot().mapped_bytes == side.page_bytes  # only the null block's page
-    check_engine_pool(side)
+    side.check_integrity()
 
 
 def test_stale_and_conflicting_resizes_change_nothing() -> None:
     side = make_side()
-    assert side.resize(3 * side.page_bytes, 2)["status"] == "applied"
-    assert side.resize(5 * side.page_bytes, 1)["status"] == "stale"
-    assert side.resize(5 * side.page_bytes, 2)["status"] == "conflict"
+    assert side.resize(3 * side.page_bytes, 2).status is ResizeStatus.APPLIED
+    assert side.resize(5 * side.page_bytes, 1).status is ResizeStatus.STALE
+    assert side.resize(5 * side.page_bytes, 2).status is ResizeStatus.CONFLICT
     assert side.snapshot().limit_bytes == 3 * side.page_bytes
     with pytest.raises(ConfigError, match="limit_bytes"):
         side.resize(-5, 3)
 
 
 def test_control_requests_are_served_from_the_mailbox_on_the_engine_thread() -> None:
-    from kvpool.vllm.scheduler_side import ControlRequest
-
     side = make_side()
-    req = ControlRequest("resize", {"limit_bytes": 2 * side.page_bytes, "revision": 7})
+    req = ControlRequest(Resize(2 * side.page_bytes, 7))
     side.mailbox.put(req)
     assert not req.reply.done()
     side.has_work()  # what vLLM's idle loop calls
-    assert req.reply.result(timeout=1)["status"] == "applied"
-    bad = ControlRequest("explode")
+    result = req.reply.result(timeout=1)
+    assert isinstance(result, ResizeResult)
+    assert (result.status, result.revision) == (ResizeStatus.APPLIED, 7)
+    bad = ControlRequest(Resize(-1, 8))
     side.mailbox.put(bad)
     side.has_work()
-    with pytest.raises(ValueError, match="unknown control operation"):
+    with pytest.raises(ConfigError, match="limit_bytes"):  # reported to the caller; the loop goes on
         bad.reply.result(timeout=1)
 
 
@@ -163,4 +167,4 @@ def test_a_waiting_request_larger_than_the_margin_gets_all_its_pages_in_one_step
     cmds = side.step(scheduled_tokens=0, demand_blocks=30)  # a long prompt waits for 30 blocks
     ack(side, cmds)
     assert side.block_pool.get_num_free_blocks() >= 30
-    check_engine_pool(side)
+    side.check_integrity()

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from kvpool import ResizeStatus
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MiB = 1 << 20
@@ -52,22 +54,22 @@ def test_two_ranks_serve_identically_to_stock_and_resize_together(
     engine = EngineRunner(str(tiny_model), config, max_model_len=1024)
     try:
         assert [c.token_ids for c in engine.generate(batch, params)] == expected
-        assert engine.call("snapshot")["mapped_bytes"] > 2 * MiB
+        assert engine.snapshot().mapped_bytes > 2 * MiB
         # idle pages drain at once; the resize is applied when both ranks acknowledged the unmaps
-        assert engine.call("resize", limit_bytes=2 * MiB, revision=1)["status"] in ("applied", "deferred")
+        assert engine.resize(2 * MiB, 1).status in (ResizeStatus.APPLIED, ResizeStatus.DEFERRED)
         deadline = time.monotonic() + 30
-        while engine.call("snapshot")["pending"]["status"] != "applied" and time.monotonic() < deadline:
+        while engine.snapshot().pending.status is not ResizeStatus.APPLIED and time.monotonic() < deadline:
             time.sleep(0.1)
-        snap = engine.call("snapshot")
-        assert snap["pending"]["status"] == "applied"
-        assert snap["mapped_bytes"] <= 2 * MiB
+        snap = engine.snapshot()
+        assert snap.pending.status is ResizeStatus.APPLIED
+        assert snap.mapped_bytes <= 2 * MiB
         assert len(list(tmp_path.glob("kvpool-tier-*"))) == 2  # one store per rank
-        engine.call("resize", limit_bytes=64 * MiB, revision=2)
-        engine.call("trim")  # every cached prefix block leaves the pools; the tiers keep them
+        engine.resize(64 * MiB, 2)
+        engine.trim()  # every cached prefix block leaves the pools; the tiers keep them
         again = [c.token_ids for c in engine.generate(batch, params)]
         assert again == expected  # the prefixes came back from both ranks' tiers
         prompt_blocks = len(batch) * (300 // 32)
-        assert engine.call("snapshot")["offload"]["hits"] >= prompt_blocks - 2  # page 0 may keep a block
-        engine.call("check")
+        assert engine.snapshot().offload.hits >= prompt_blocks - 2  # page 0 may keep a block
+        engine.check_integrity()
     finally:
         engine.close()

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from kvpool import OffloadStats, PoolSnapshot, ResizeStatus
 from tests.kvpool.vllm.conftest import TIER_BYTES, TIER_LIMIT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -35,24 +36,25 @@ def fresh_prompt() -> list[int]:
 
 @pytest.fixture
 def engine(tier_engine: Any) -> Any:
-    tier_engine.call("trim")
+    tier_engine.trim()
     yield tier_engine
-    tier_engine.call("check")  # pool and tier invariants after every scenario
+    tier_engine.check_integrity()  # pool and tier invariants after every scenario
 
 
-def tier(engine: Any) -> dict[str, int]:
-    offload: dict[str, int] = engine.call("snapshot")["offload"]
+def tier(engine: Any) -> OffloadStats:
+    offload = engine.snapshot().offload
+    assert offload is not None, "the tier is off"
     return offload
 
 
-def settled(engine: Any, timeout_s: float = 30.0) -> dict[str, Any]:
+def settled(engine: Any, timeout_s: float = 30.0) -> PoolSnapshot:
     """The snapshot once the pending resize has applied (unmaps are acknowledged a step later)."""
     deadline = time.monotonic() + timeout_s
-    while (snap := engine.call("snapshot"))["pending"]["status"] != "applied":
-        assert time.monotonic() < deadline, snap["pending"]
+    while (snap := engine.snapshot()).pending.status is not ResizeStatus.APPLIED:
+        assert time.monotonic() < deadline, snap.pending
         time.sleep(0.05)
-    result: dict[str, Any] = snap
-    return result
+    assert isinstance(snap, PoolSnapshot)
+    return snap
 
 
 def store_file(engine: Any) -> Path:
@@ -71,8 +73,8 @@ def test_a_prefix_evicted_from_the_pool_is_served_from_the_tier_with_identical_o
     again = engine.generate([target], greedy())[0]
     after = tier(engine)
     assert again.token_ids == first.token_ids
-    assert after["hits"] - before["hits"] >= PROMPT_BLOCKS // 2
-    assert after["bytes_in"] > before["bytes_in"]
+    assert after.hits - before.hits >= PROMPT_BLOCKS // 2
+    assert after.bytes_in > before.bytes_in
     assert again.num_cached_tokens == PROMPT_BLOCKS * BLOCK_TOKENS  # pool + tier: no prompt block recomputed
 
 
@@ -80,31 +82,31 @@ def test_a_shrink_demotes_cached_blocks_and_their_prefix_is_a_tier_hit(engine: A
     target = fresh_prompt()
     first = engine.generate([target], greedy())[0]
     before = tier(engine)
-    page = engine.call("snapshot")["page_bytes"]
-    assert engine.call("resize", limit_bytes=page, revision=next(_revision))["status"] in ("applied", "deferred")
+    page = engine.snapshot().page_bytes
+    assert engine.resize(page, next(_revision)).status in (ResizeStatus.APPLIED, ResizeStatus.DEFERRED)
     shrunk = settled(engine)
     # only page 0 stays: the null block and the few blocks beside it
-    kept = shrunk["blocks_per_page"] - 1
-    assert shrunk["mapped_bytes"] == page
-    assert shrunk["cached_blocks"] <= kept
-    assert tier(engine)["demoted_blocks"] - before["demoted_blocks"] >= PROMPT_BLOCKS - kept
-    engine.call("resize", limit_bytes=TIER_LIMIT, revision=next(_revision))
+    kept = shrunk.blocks_per_page - 1
+    assert shrunk.mapped_bytes == page
+    assert shrunk.cached_blocks <= kept
+    assert tier(engine).demoted_blocks - before.demoted_blocks >= PROMPT_BLOCKS - kept
+    engine.resize(TIER_LIMIT, next(_revision))
     again = engine.generate([target], greedy())[0]
     assert again.token_ids == first.token_ids
-    assert tier(engine)["hits"] - before["hits"] >= PROMPT_BLOCKS - kept
+    assert tier(engine).hits - before.hits >= PROMPT_BLOCKS - kept
     assert again.num_cached_tokens == PROMPT_BLOCKS * BLOCK_TOKENS
 
 
 def test_the_engine_really_reads_the_tier_corrupt_copies_change_the_output(engine: Any) -> None:
     target = fresh_prompt()
     first = engine.generate([target], greedy(16))[0]
-    engine.call("trim")  # the prefix now lives only in the tier
+    engine.trim()  # the prefix now lives only in the tier
     path = store_file(engine)
     saved = path.read_bytes()
     with path.open("r+b") as f:  # the worker maps the same file: the engine sees this at once
         f.write(random.Random(7).randbytes(len(saved)))
     corrupt = engine.generate([target], greedy(16))[0]
-    engine.call("trim")
+    engine.trim()
     with path.open("r+b") as f:
         f.write(saved)
     restored = engine.generate([target], greedy(16))[0]
@@ -118,15 +120,15 @@ def test_a_full_tier_evicts_by_policy_and_stays_within_its_size(engine: Any) -> 
     for p in prompts:
         engine.generate([p], greedy(2))
         t = tier(engine)
-        assert t["used_bytes"] <= t["capacity_bytes"] == TIER_BYTES
+        assert t.used_bytes <= t.capacity_bytes == TIER_BYTES
     path = store_file(engine)
     assert os.stat(path).st_size == TIER_BYTES
     assert os.stat(path).st_blocks * 512 <= TIER_BYTES  # committed memory within the size
-    engine.call("trim")
+    engine.trim()
     before = tier(engine)
     engine.generate([prompts[0]], greedy(2))  # least recently used: evicted from the tier
     oldest = tier(engine)
     engine.generate([prompts[-1]], greedy(2))  # most recent: still there
     newest = tier(engine)
-    assert oldest["hits"] - before["hits"] < PROMPT_BLOCKS
-    assert newest["hits"] - oldest["hits"] == PROMPT_BLOCKS
+    assert oldest.hits - before.hits < PROMPT_BLOCKS
+    assert newest.hits - oldest.hits == PROMPT_BLOCKS

@@ -6,7 +6,9 @@
       read {"queued": true}    <-----------------  (the engine thread serves it: next step,
       await wake()  (vLLM utility call: wakes        or at once from has_pending_push_work
                      an idle engine loop)             when the loop is idle)
-      read {"ok": ..., "result"|"error"} <------  reply.result(timeout)
+      read {"ok": ..., "result"|"kind"} <-------  reply.result(timeout)
+
+The messages and their replies: :mod:`kvpool.control.messages`.
 
 Why this shape: the BlockPool may only be touched on the engine thread, and an idle engine
 thread sleeps on vLLM's input queue; a public utility call (``is_sleeping``) wakes it. The socket
@@ -28,8 +30,24 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
+from kvpool.control.messages import (
+    Check,
+    ControlOp,
+    ControlRequest,
+    ErrorKind,
+    IntegrityFailure,
+    Reply,
+    Resize,
+    Snapshot,
+    Trim,
+    decode_op,
+    decode_reply,
+    encode_op,
+    encode_reply,
+    error_kind,
+)  # fmt: skip
 from kvpool.errors import BackendUnavailable, ConfigError, KVPoolError
-from kvpool.snapshot import PoolSnapshot
+from kvpool.snapshot import PoolSnapshot, ResizeResult, TrimResult
 
 log = logging.getLogger(__name__)
 
@@ -44,15 +62,11 @@ def _abstract(address: str) -> str:
     return "\0" + address
 
 
-def _encode(result: Any) -> Any:
-    return result.to_dict() if isinstance(result, PoolSnapshot) else result
-
-
 class ControlServer:
     """Accepts control requests and hands them to the engine thread through ``mailbox``."""
 
-    def __init__(self, address: str, mailbox: queue.Queue[Any], timeout_s: float, make_request: Any) -> None:
-        self._mailbox, self._timeout, self._make = mailbox, timeout_s, make_request
+    def __init__(self, address: str, mailbox: queue.Queue[ControlRequest], timeout_s: float) -> None:
+        self._mailbox, self._timeout = mailbox, timeout_s
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(_abstract(address))
         self._sock.listen(16)
@@ -76,20 +90,19 @@ class ControlServer:
     def _exchange(self, conn: socket.socket) -> None:
         with conn, conn.makefile("rwb") as f:
             try:
-                msg = json.loads(f.readline())
-                req = self._make(str(msg["op"]), dict(msg.get("args") or {}))
-            except (ValueError, KeyError, TypeError) as e:
-                _send(f, {"ok": False, "type": "ConfigError", "error": f"malformed control request: {e}"})
+                req = ControlRequest(decode_op(json.loads(f.readline())))
+            except ValueError as e:  # ConfigError, or not JSON at all
+                _send(f, _failure(ErrorKind.CONFIG, f"malformed control request: {e}"))
                 return
             self._mailbox.put(req)
             _send(f, {"queued": True})
             try:
-                _send(f, {"ok": True, "result": _encode(req.reply.result(self._timeout))})
+                _send(f, {"ok": True, "result": encode_reply(req.reply.result(self._timeout))})
             except FutureTimeout:
                 req.reply.cancel()
-                _send(f, {"ok": False, "type": "Timeout", "error": f"engine did not serve it in {self._timeout}s"})
+                _send(f, _failure(ErrorKind.TIMEOUT, f"engine did not serve it in {self._timeout}s"))
             except Exception as e:
-                _send(f, {"ok": False, "type": type(e).__name__, "error": str(e)})
+                _send(f, _failure(error_kind(e), f"{type(e).__name__}: {e}"))
 
     def close(self) -> None:
         with contextlib.suppress(OSError):  # already closed or never connected
@@ -97,20 +110,26 @@ class ControlServer:
         self._sock.close()
 
 
+def _failure(kind: ErrorKind, error: str) -> dict[str, Any]:
+    return {"ok": False, "kind": kind.value, "error": error}
+
+
 def _send(f: Any, msg: dict[str, Any]) -> None:
     f.write(json.dumps(msg).encode() + b"\n")
     f.flush()
 
 
-def _result(msg: dict[str, Any]) -> Any:
+_RAISE: dict[str, type[KVPoolError]] = {
+    ErrorKind.CONFIG.value: ConfigError,
+    ErrorKind.TIMEOUT.value: EngineUnavailable,
+    ErrorKind.INTEGRITY.value: IntegrityFailure,
+}
+
+
+def _result(op: ControlOp, msg: dict[str, Any]) -> Reply:
     if msg.get("ok"):
-        return msg["result"]
-    kind, error = msg.get("type"), msg.get("error", "unknown error")
-    if kind == "ConfigError":
-        raise ConfigError(error)
-    if kind == "Timeout":
-        raise EngineUnavailable(error)
-    raise KVPoolError(f"{kind}: {error}")
+        return decode_reply(op, msg["result"])
+    raise _RAISE.get(str(msg.get("kind")), KVPoolError)(msg.get("error", "unknown error"))
 
 
 class AsyncControlClient:
@@ -120,15 +139,15 @@ class AsyncControlClient:
         self._path, self._timeout, self._wake = _abstract(address), timeout_s, wake
         self.address = address
 
-    async def call(self, op: str, **args: Any) -> Any:
+    async def call(self, op: ControlOp) -> Reply:
         try:
-            return await asyncio.wait_for(self._call(op, args), self._timeout + 5)
+            return await asyncio.wait_for(self._call(op), self._timeout + 5)
         except (ConnectionRefusedError, FileNotFoundError) as e:
             raise EngineUnavailable(f"no kvpool engine listens at control address {self.address!r}: {e}") from e
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionResetError) as e:
             raise EngineUnavailable(f"kvpool engine at {self.address!r} did not answer: {e!r}") from e
 
-    async def _call(self, op: str, args: dict[str, Any]) -> Any:
+    async def _call(self, op: ControlOp) -> Reply:
         # Connect the socket ourselves: uvloop's open_unix_connection(path) rejects abstract names.
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.setblocking(False)
@@ -139,28 +158,31 @@ class AsyncControlClient:
             raise
         reader, writer = await asyncio.open_unix_connection(sock=sock)
         try:
-            writer.write(json.dumps({"op": op, "args": args}).encode() + b"\n")
+            writer.write(json.dumps(encode_op(op)).encode() + b"\n")
             await writer.drain()
             first = json.loads(await reader.readuntil(b"\n"))
             if not first.get("queued"):
-                return _result(first)
+                return _result(op, first)
             if self._wake is not None:
                 await self._wake()
-            return _result(json.loads(await reader.readuntil(b"\n")))
+            return _result(op, json.loads(await reader.readuntil(b"\n")))
         finally:
             writer.close()
 
-    async def snapshot(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self.call("snapshot")
+    async def snapshot(self) -> PoolSnapshot:
+        snap = await self.call(Snapshot())
+        assert isinstance(snap, PoolSnapshot)
+        return snap
+
+    async def resize(self, limit_bytes: int, revision: int) -> ResizeResult:
+        result = await self.call(Resize(limit_bytes, revision))
+        assert isinstance(result, ResizeResult)
         return result
 
-    async def resize(self, limit_bytes: int, revision: int) -> dict[str, Any]:
-        result: dict[str, Any] = await self.call("resize", limit_bytes=limit_bytes, revision=revision)
-        return result
-
-    async def trim(self) -> dict[str, Any]:
-        result: dict[str, Any] = await self.call("trim")
+    async def trim(self) -> TrimResult:
+        result = await self.call(Trim())
+        assert isinstance(result, TrimResult)
         return result
 
     async def check_integrity(self) -> None:
-        await self.call("check")
+        await self.call(Check())

@@ -1,0 +1,127 @@
+"""One rebalancing round through the operator's seam (``AdminAPI``), with a fake client over two
+real standalone pools: the shrink first, the grant only from memory the shrink released, a
+deferred shrink that never finishes holds the grant back, a server that does not answer keeps
+its limit -- and the pools' own integrity checks pass throughout. The e2e tests run the same
+round against real servers through Kubernetes."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+
+import pytest
+from kvpool_operator.balance import Balancer
+from kvpool_operator.pools import Endpoint, PoolUnreachable
+from kvpool_operator.spec import GroupSpec, parse_group
+from kvpool_operator.wire import PoolState, ResizeReply
+
+from kvpool import DemandStats, KVPool
+from tests.kvpool.factories import MiB, make_config
+
+POD = "10.0.0.1"
+EPS = {m: Endpoint(POD, m, 8000 + i) for i, m in enumerate("ab")}
+
+
+class FakeAdmin:
+    """The admin API over in-process pools: snapshots and resizes go through their JSON form."""
+
+    def __init__(self, pools: dict[str, KVPool], demand: dict[str, DemandStats]) -> None:
+        self.pools, self.demand = pools, demand
+        self.down: set[str] = set()
+        self.calls: list[tuple[str, str, int]] = []
+
+    def _pool(self, ep: Endpoint) -> KVPool:
+        if ep.model in self.down:
+            raise PoolUnreachable(f"{ep.model} at {ep.url}: ConnectError")
+        return self.pools[ep.model]
+
+    def snapshot(self, ep: Endpoint) -> PoolState:
+        snap = dataclasses.replace(self._pool(ep).snapshot(), demand=self.demand[ep.model])
+        return PoolState.from_json(snap.to_dict())
+
+    def set_limit(self, ep: Endpoint, limit_bytes: int, revision: int) -> ResizeReply:
+        self.calls.append(("PUT", ep.model, limit_bytes))
+        return ResizeReply.from_json(self._pool(ep).resize(limit_bytes, revision).to_dict())
+
+    def close(self) -> None:
+        pass
+
+
+class Clock:
+    """Time that passes only when the balancer sleeps; ``on_sleep`` is what the engines do meanwhile."""
+
+    def __init__(self, on_sleep: Callable[[int], None] = lambda _: None) -> None:
+        self.t, self.sleeps, self.on_sleep = 1_000_000.0, 0, on_sleep
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.t += s
+        self.sleeps += 1
+        self.on_sleep(self.sleeps)
+
+
+def group() -> GroupSpec:
+    return parse_group({
+        "gpuMemoryBudgetBytes": "32Mi",
+        "models": [{"name": m, "model": f"/models/{m}", "minBytes": "4Mi", "maxBytes": "28Mi"} for m in "ab"],
+        "rebalance": {"hysteresisBytes": "1Mi", "maxStepBytes": "8Mi"},
+    })  # fmt: skip
+
+
+@pytest.fixture
+def pools() -> Iterator[dict[str, KVPool]]:
+    out = {m: KVPool(make_config(limit_bytes=16 * MiB)) for m in "ab"}
+    yield out
+    for p in out.values():
+        p.check_integrity()
+        p.close()
+
+
+def fragment(pool: KVPool) -> list[int]:
+    """Fill the pool, then free every other block: half used, but every page still holds one."""
+    snap = pool.snapshot()
+    blocks = pool.allocate(snap.limit_bytes // snap.block_bytes - 1).blocks  # all but the null block
+    pool.free(blocks[::2])
+    return blocks[1::2]
+
+
+BUSY = {"a": DemandStats(4, 8, 0), "b": DemandStats(0, 0, 0)}
+
+
+def test_the_shrink_is_applied_before_the_grant_and_the_budget_holds(pools: dict[str, KVPool]) -> None:
+    held = fragment(pools["b"])
+    clock = Clock(on_sleep=lambda n: pools["b"].free(held[len(held) // 2 :]) if n == 3 else None)
+    admin = FakeAdmin(pools, BUSY)
+    r = Balancer(admin, wait_s=5, clock=clock, sleep=clock.sleep).round(group(), POD, EPS, {}, {})
+    assert [(z.model, z.status) for z in r.resizes] == [("b", "applied"), ("a", "applied")]
+    assert [c[1] for c in admin.calls] == ["b", "a"]  # shrink first
+    assert clock.sleeps == 3  # it waited for the deferred shrink, and no longer
+    limits = {m: p.snapshot().limit_bytes for m, p in pools.items()}
+    assert limits["a"] > 16 * MiB > limits["b"]
+    assert sum(limits.values()) <= 32 * MiB
+    assert r.balanced
+
+
+def test_a_shrink_that_stays_deferred_holds_the_grant_back(pools: dict[str, KVPool]) -> None:
+    fragment(pools["b"])  # its blocks are never freed
+    clock = Clock()
+    r = Balancer(FakeAdmin(pools, BUSY), wait_s=2, clock=clock, sleep=clock.sleep).round(group(), POD, EPS, {}, {})
+    b = pools["b"].snapshot()
+    assert (r.resizes[0].model, r.resizes[0].status) == ("b", "timeout")
+    # a may grow only into what b really released: b still holds all its pages
+    assert pools["a"].snapshot().limit_bytes + b.physical_bytes <= 32 * MiB
+    assert any("grants wait" in p for p in r.problems)
+    assert not r.balanced
+
+
+def test_a_server_that_does_not_answer_keeps_its_limit_and_degrades_the_round(pools: dict[str, KVPool]) -> None:
+    admin = FakeAdmin(pools, BUSY)
+    admin.down.add("b")
+    clock = Clock()
+    r = Balancer(admin, wait_s=2, clock=clock, sleep=clock.sleep).round(group(), POD, EPS, {"b": 16 * MiB}, {})
+    assert all(z.model != "b" for z in r.resizes)
+    assert pools["b"].snapshot().limit_bytes == 16 * MiB
+    assert pools["a"].snapshot().limit_bytes <= 32 * MiB - 16 * MiB  # b's known limit stays counted
+    assert any("ConnectError" in p for p in r.problems)
