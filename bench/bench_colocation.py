@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--interval", type=float, default=1.0, help="rebalance interval (s)")
     args = ap.parse_args(argv)
     if not args.model:
-        from kvpool.vllm.tiny_model import build_tiny_model
+        from kvpool.vllm.launch.tiny_model import build_tiny_model
 
         args.model = str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
     with tempfile.TemporaryDirectory(dir="/dev/shm") as d:

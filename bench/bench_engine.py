@@ -45,9 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--turns", type=int, default=2, help="times each engine is started")
     p.add_argument("--trim", action="store_true", help="trim the pool before each round (measures regrowth)")
     args = p.parse_args(argv)
-    from kvpool.vllm.args import PoolEngineConfig
-    from kvpool.vllm.runner import EngineRunner
-    from kvpool.vllm.tiny_model import build_tiny_model
+    from kvpool.vllm.launch.args import PoolEngineConfig
+    from kvpool.vllm.launch.runner import EngineRunner
+    from kvpool.vllm.launch.tiny_model import build_tiny_model
 
     model = str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
     makers = {

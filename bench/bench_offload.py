@@ -56,9 +56,9 @@ def transfers(tmp: Path) -> dict[str, dict[str, float]]:
 def ttft(tmp: Path, prompts: int, tokens: int) -> dict[str, float]:
     from vllm import SamplingParams
 
-    from kvpool.vllm.args import PoolEngineConfig
-    from kvpool.vllm.runner import EngineRunner
-    from kvpool.vllm.tiny_model import build_tiny_model
+    from kvpool.vllm.launch.args import PoolEngineConfig
+    from kvpool.vllm.launch.runner import EngineRunner
+    from kvpool.vllm.launch.tiny_model import build_tiny_model
 
     model = str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
     cfg = PoolEngineConfig(model=model, limit_bytes=64 * MiB, virtual_bytes=512 * MiB,

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--interval", type=float, default=2.0, help="rebalance interval (s)")
     ap.add_argument("--streams", type=int, default=40)
     args = ap.parse_args(argv)
-    from kvpool.vllm.tiny_model import build_tiny_model
+    from kvpool.vllm.launch.tiny_model import build_tiny_model
 
     model = str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
     group = parse_group({

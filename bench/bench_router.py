@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=6, help="pairs of rounds (direct + router)")
     args = p.parse_args(argv)
-    from kvpool.vllm.tiny_model import build_tiny_model
+    from kvpool.vllm.launch.tiny_model import build_tiny_model
 
     model = str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
     tmp = Path(tempfile.mkdtemp(prefix="kvpool-bench-router-"))

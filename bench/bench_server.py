@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=3, help="measured rounds per start")
     p.add_argument("--turns", type=int, default=2, help="times each server is started")
     args = p.parse_args(argv)
-    from kvpool.vllm.tiny_model import build_tiny_model
+    from kvpool.vllm.launch.tiny_model import build_tiny_model
 
     model = str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
     tmp = Path(tempfile.mkdtemp(prefix="kvpool-bench-"))

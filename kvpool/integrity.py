@@ -7,32 +7,40 @@ structures and never changes them.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
+from kvpool.layout import Geometry
 from kvpool.pages import PageState, PageTable
-from kvpool.snapshot import ResizeStatus
-
-if TYPE_CHECKING:
-    from kvpool.pool import KVPool
+from kvpool.snapshot import PoolSnapshot, ResizeStatus
 
 _OFF, _FREE, _USED, _CACHED = 0, 1, 2, 3
 
 
-def check_pool(
-    pool: KVPool,
-    table: PageTable,
-    state: bytearray,
-    free: dict[int, list[int]],
-    lru: OrderedDict[int, None],
-) -> None:
+@dataclass(frozen=True)
+class PoolParts:
+    """What the check reads of a standalone pool, taken under its lock (it changes none of it)."""
+
+    geometry: Geometry
+    table: PageTable
+    state: bytearray
+    free: dict[int, list[int]]
+    lru: OrderedDict[int, None]
+    n_free: int
+    null: bool
+    backend_mapped_bytes: int
+    snapshot: PoolSnapshot
+
+
+def check_pool(p: PoolParts) -> None:
     """Raise AssertionError naming the first broken invariant and its numbers."""
+    table, state, free, lru = p.table, p.state, p.free, p.lru
     table.check_integrity()
-    g = pool.geometry
+    g = p.geometry
     physical = table.physical_pages * g.page_physical_bytes
-    if pool.backend.mapped_bytes != physical:
-        raise AssertionError(f"backend maps {pool.backend.mapped_bytes} bytes, page table says {physical}")
-    limit = pool.effective_limit_bytes
-    snap = pool.snapshot()
+    if p.backend_mapped_bytes != physical:
+        raise AssertionError(f"backend maps {p.backend_mapped_bytes} bytes, page table says {physical}")
+    snap = p.snapshot
+    limit = snap.limit_bytes
     if physical > limit and snap.pending.status is not ResizeStatus.DEFERRED:
         raise AssertionError(f"physical {physical} > limit {limit} without a deferred resize")
     for page in range(g.num_pages):
@@ -40,10 +48,10 @@ def check_pool(
     cached = [b for b in lru if state[b] != _CACHED]
     if cached or len(lru) != sum(table.cached):
         raise AssertionError(f"LRU holds {len(lru)} blocks, {sum(table.cached)} cached; non-cached: {cached[:5]}")
-    if pool._n_free != sum(len(v) for v in free.values()):
-        raise AssertionError(f"free counter {pool._n_free} != {sum(len(v) for v in free.values())} in free lists")
+    if p.n_free != sum(len(v) for v in free.values()):
+        raise AssertionError(f"free counter {p.n_free} != {sum(len(v) for v in free.values())} in free lists")
     mapped_blocks = table.count(PageState.MAPPED) * g.blocks_per_page
-    null = 1 if pool._null else 0
+    null = 1 if p.null else 0
     total = snap.used_blocks + snap.cached_blocks + snap.free_blocks + null
     if total != mapped_blocks:
         raise AssertionError(f"used+cached+free+null = {total} != {mapped_blocks} blocks in mapped pages")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from kvpool.config import PoolConfig
 from kvpool.errors import ConfigError, PoolExhausted
+from kvpool.integrity import PoolParts, check_pool
 from kvpool.layout import BlockId, Geometry, PageId
 from kvpool.limits import Limit, Verdict
 from kvpool.pages import PageState, PageTable
@@ -218,10 +219,9 @@ class KVPool:
 
     def check_integrity(self) -> None:
         """Raise AssertionError, with the numbers, if any invariant of the pool is broken."""
-        from kvpool.integrity import check_pool
-
         with self._lock:
-            check_pool(self, self._table, self._state, self._free, self._lru)
+            check_pool(PoolParts(self.geometry, self._table, self._state, self._free, self._lru, self._n_free,
+                                 self._null, self.backend.mapped_bytes, self.snapshot()))  # fmt: skip
 
     def tensor(self) -> torch.Tensor:
         """The whole virtual buffer as a zero-copy ``uint8`` tensor."""

@@ -108,10 +108,61 @@ def build_crd() -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    """Print the CRD as YAML (the chart's crds/ file is this output; a test keeps them equal)."""
+def _json_schema(node: dict[str, Any]) -> dict[str, Any]:
+    """The CRD's OpenAPI v3 schema as the JSON Schema Helm checks values with: byte fields become
+    the ``bytes`` definition, objects refuse unknown keys (a typo names its key at
+    ``helm install``), 1.20's boolean ``exclusiveMinimum`` becomes the numeric one."""
+    if node.get("x-kubernetes-int-or-string"):
+        return {"$ref": "#/definitions/bytes"}
+    out = {k: v for k, v in node.items() if k not in ("description", "exclusiveMinimum", "properties", "items")}
+    if node.get("exclusiveMinimum") is True:
+        out["exclusiveMinimum"] = out.pop("minimum")
+    if node.get("enum"):
+        out.pop("type", None)
+    if "properties" in node:
+        out["additionalProperties"] = False
+        out["properties"] = {k: _json_schema(v) for k, v in node["properties"].items()}
+    if "items" in node:
+        out["items"] = _json_schema(node["items"])
+    return out
+
+
+def values_schema_groups() -> dict[str, Any]:
+    """``values.schema.json``'s ``groups`` (each entry: a name and a ColocatedModels spec) and its
+    ``bytes`` definition, from the CRD's own schema: one source, kept equal by a test."""
+    group = _json_schema(_spec_schema())
+    group["required"] = ["name", *group["required"]]
+    group["properties"] = {"name": {"type": "string", "pattern": NAME_RE.pattern}, **group["properties"]}
+    bytes_ = {"oneOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": QUANTITY_RE.pattern}]}
+    return {"groups": {"type": "array", "items": group}, "bytes": bytes_}
+
+
+def write_values_schema(path: str) -> None:
+    """Put the generated ``groups`` and ``bytes`` into the chart's values schema (the rest stays)."""
+    import json
+
+    with open(path) as f:
+        schema = json.load(f)
+    generated = values_schema_groups()
+    schema["properties"]["groups"] = generated["groups"]
+    schema.setdefault("definitions", {})["bytes"] = generated["bytes"]
+    with open(path, "w") as f:
+        f.write(json.dumps(schema, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Print the CRD as YAML (the chart's crds/ file is this output; a test keeps them equal), or
+    with ``--values-schema PATH`` regenerate the chart's values schema for groups."""
+    import argparse
+
     import yaml
 
+    p = argparse.ArgumentParser(prog="python -m kvpool_operator.crd")
+    p.add_argument("--values-schema", metavar="PATH", help="rewrite the groups part of this values.schema.json")
+    args = p.parse_args(argv)
+    if args.values_schema:
+        write_values_schema(args.values_schema)
+        return
     print(yaml.safe_dump(build_crd(), sort_keys=False), end="")
 
 

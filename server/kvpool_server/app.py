@@ -12,8 +12,8 @@ from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvpool.control import AsyncControlClient
-from kvpool.vllm.args import PoolEngineConfig
-from kvpool.vllm.openai import openai_app, prometheus_registry
+from kvpool.vllm.launch.args import PoolEngineConfig
+from kvpool.vllm.launch.openai import openai_app, prometheus_registry
 from kvpool_server.admin import PoolAdmin, admin_router
 from kvpool_server.metrics import PoolCollector, ResizeTimer
 from kvpool_server.settings import ServerSettings

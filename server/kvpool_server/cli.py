@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from kvpool import ConfigError
-from kvpool.vllm.args import PoolEngineConfig
+from kvpool.vllm.launch.args import PoolEngineConfig
 from kvpool.vmm.base import BackendKind
 from kvpool_server.flags import parse_flags
 from kvpool_server.logs import configure_logging
@@ -62,14 +62,14 @@ def vllm_argv(settings: ServerSettings, pool: PoolEngineConfig) -> list[str]:
 def resolve_model(settings: ServerSettings) -> str:
     if settings.model:
         return settings.model
-    from kvpool.vllm.tiny_model import build_tiny_model
+    from kvpool.vllm.launch.tiny_model import build_tiny_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the embedded model never needs the hub
     return str(build_tiny_model(Path(settings.model_cache) / "tiny-model"))
 
 
 async def serve(settings: ServerSettings, pool: PoolEngineConfig, args: argparse.Namespace) -> None:
-    from kvpool.vllm import openai as vllm_openai
+    from kvpool.vllm.launch import openai as vllm_openai
     from kvpool_server.app import build_app
 
     _, sock = vllm_openai.listen_socket(args)
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         pool = pool_config(settings, resolve_model(settings))
         os.environ.update(pool.env())
-        from kvpool.vllm.openai import parse_serve_args
+        from kvpool.vllm.launch.openai import parse_serve_args
 
         args = parse_serve_args(vllm_argv(settings, pool))
     except ConfigError as e:

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from kvpool.vllm.args import parse_bytes
+from kvpool.units import parse_bytes
 from kvpool_server.flags import AdminTokenOptions
 
 

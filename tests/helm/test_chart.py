@@ -4,6 +4,7 @@ one source for the CRD and the RBAC rules, and a real install against the sessio
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from kvpool_operator.crd import build_crd
+from kvpool_operator.crd import build_crd, values_schema_groups
 from kvpool_operator.rbac import rules
 
 from tests.k8s.cluster import BIN, Cluster
@@ -76,6 +77,15 @@ def test_monitoring_objects_need_the_prometheus_operator() -> None:
     kinds = {d["kind"] for d in render()}
     assert "ServiceMonitor" not in kinds
     assert "PrometheusRule" not in kinds
+
+
+def test_the_values_schema_for_groups_is_the_crds_own_schema() -> None:
+    """One source: the chart checks ``groups`` with what the API server admits (generated)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    generated = values_schema_groups()
+    hint = "regenerate: python -m kvpool_operator.crd --values-schema helm/kvpool/values.schema.json"
+    assert schema["properties"]["groups"] == generated["groups"], hint
+    assert schema["definitions"]["bytes"] == generated["bytes"], hint
 
 
 def test_the_chart_carries_exactly_the_operators_crd_and_rbac_rules() -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from kvpool.vllm.args import model_shape
-from kvpool.vllm.smollm2 import NAME, model_dir
+from kvpool.vllm.launch.args import model_shape
+from kvpool.vllm.launch.smollm2 import NAME, model_dir
 from tests.server.conftest import API_KEY, Server, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

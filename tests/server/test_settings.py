@@ -69,7 +69,7 @@ def test_vllm_gets_the_connector_and_the_virtual_block_count(tiny_model: Path) -
     s = parse_settings(["--model", str(tiny_model), "--limit-bytes", "64M", "--virtual-bytes", "1G"])
     argv = vllm_argv(s, pool_config(s, str(tiny_model)))
     assert argv[argv.index("--num-gpu-blocks-override") + 1] == str((1 << 30) // (64 << 10))
-    assert "kvpool.vllm.connector" in argv[argv.index("--kv-transfer-config") + 1]
+    assert "kvpool.vllm.engine.connector" in argv[argv.index("--kv-transfer-config") + 1]
 
 
 def test_the_cpu_tier_flag_reaches_vllms_offloading_connector(tiny_model: Path, tmp_path: Path) -> None:

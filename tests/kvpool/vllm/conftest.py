@@ -12,8 +12,8 @@ MiB = 1 << 20
 
 @pytest.fixture(scope="session")
 def pool_engine(tiny_model: Path) -> Iterator[object]:
-    from kvpool.vllm.args import PoolEngineConfig
-    from kvpool.vllm.runner import EngineRunner
+    from kvpool.vllm.launch.args import PoolEngineConfig
+    from kvpool.vllm.launch.runner import EngineRunner
 
     config = PoolEngineConfig(
         model=str(tiny_model), limit_bytes=512 * MiB, virtual_bytes=2048 * MiB, grow_ahead_blocks=16
@@ -25,7 +25,7 @@ def pool_engine(tiny_model: Path) -> Iterator[object]:
 
 @pytest.fixture(scope="session")
 def stock_engine(tiny_model: Path) -> Iterator[object]:
-    from kvpool.vllm.runner import EngineRunner
+    from kvpool.vllm.launch.runner import EngineRunner
 
     runner = EngineRunner(str(tiny_model), None, max_model_len=2048, kv_cache_memory_bytes=512 * MiB)
     yield runner
@@ -39,8 +39,8 @@ TIER_BYTES = 16 * MiB  # 256 blocks
 @pytest.fixture(scope="session")
 def tier_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A pool engine with the CPU tier on; its store file lives in a directory the tests can see."""
-    from kvpool.vllm.args import PoolEngineConfig
-    from kvpool.vllm.runner import EngineRunner
+    from kvpool.vllm.launch.args import PoolEngineConfig
+    from kvpool.vllm.launch.runner import EngineRunner
 
     tier_dir = tmp_path_factory.mktemp("tier")
     config = PoolEngineConfig(

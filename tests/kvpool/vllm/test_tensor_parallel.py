@@ -36,8 +36,8 @@ def test_two_ranks_serve_identically_to_stock_and_resize_together(
 ) -> None:
     from vllm import SamplingParams
 
-    from kvpool.vllm.args import PoolEngineConfig
-    from kvpool.vllm.runner import EngineRunner
+    from kvpool.vllm.launch.args import PoolEngineConfig
+    from kvpool.vllm.launch.runner import EngineRunner
 
     rng = random.Random(9)
     batch = [[rng.randrange(10, 2000) for _ in range(300)] for _ in range(6)]

@@ -2,7 +2,7 @@
 facade -- for tests, benchmarks and scripts that drive an engine and its pool from plain code.
 
 The event loop runs in a background thread; every method submits a coroutine to it and waits.
-With a :class:`~kvpool.vllm.args.PoolEngineConfig` the engine's KV cache lives in a kvpool and
+With a :class:`~kvpool.vllm.launch.args.PoolEngineConfig` the engine's KV cache lives in a kvpool and
 ``control`` talks to it; without one it is stock vLLM (the comparison baseline).
 """
 
@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from kvpool.control import AsyncControlClient
 from kvpool.snapshot import PoolSnapshot, ResizeResult, TrimResult
-from kvpool.vllm.args import PoolEngineConfig
+from kvpool.vllm.launch.args import PoolEngineConfig
 
 T = TypeVar("T")
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from kvpool import ConfigError, Geometry, KVLayout, ModelShape
-from kvpool.vllm.protocol import PageCommand, PageOp, PoolMetadata
-from kvpool.vllm.settings import ConnectorSettings
-from kvpool.vllm.worker_side import WorkerSide
+from kvpool.vllm.engine.protocol import PageCommand, PageOp, PoolMetadata
+from kvpool.vllm.engine.settings import ConnectorSettings
+from kvpool.vllm.engine.worker_side import WorkerSide
 
 pytestmark = pytest.mark.slow  # imports vLLM
 

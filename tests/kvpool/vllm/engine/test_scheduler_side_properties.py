@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from kvpool import ResizeStatus
-from tests.kvpool.vllm.test_scheduler_side import ack, make_side
+from tests.kvpool.vllm.engine.test_scheduler_side import ack, make_side
 
 pytestmark = pytest.mark.slow  # imports vLLM
 

@@ -24,8 +24,8 @@ from vllm.v1.kv_offload.base import LookupResult, OffloadKey, ReqContext
 
 from kvpool.errors import ConfigError
 from kvpool.snapshot import OffloadStats
-from kvpool.vllm.offload import KVPoolOffloadingSpec, TierWorker
-from kvpool.vllm.settings import ConnectorSettings
+from kvpool.vllm.engine.settings import ConnectorSettings
+from kvpool.vllm.tier.worker import KVPoolOffloadingSpec, TierWorker
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -33,7 +33,7 @@ from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 from kvpool.errors import ConfigError
 from kvpool.offload import BlockRegion, HostBlockStore, copy_blocks
 from kvpool.offload.store import chunk_layout
-from kvpool.vllm.settings import ConnectorSettings
+from kvpool.vllm.engine.settings import ConnectorSettings
 
 log = logging.getLogger(__name__)
 

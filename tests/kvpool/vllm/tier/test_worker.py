@@ -17,7 +17,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from kvpool.offload import HostBlockStore
-from kvpool.vllm.offload import TierWorker, block_regions, reap_stale
+from kvpool.vllm.tier.worker import TierWorker, block_regions, reap_stale
 
 BLOCKS, LAYERS, PIECE = 8, 4, 256
 
