@@ -1,4 +1,6 @@
 """kvpool-operator: moves GPU memory between the kvpools of models colocated on one GPU.
 
-So far: the pure rebalancing policy (:mod:`kvpool_operator.policy`). The kopf handlers, the
-workload builders and the custom resource come next (issue 6). Never imports torch or vLLM."""
+``spec`` and ``crd`` (the ColocatedModels resource), ``policy`` (the pure rebalancing policy),
+``wire`` and ``pools`` (the admin API, typed, behind the ``AdminAPI`` seam), ``balance`` (one
+round per pod), ``builders`` (the workload's manifests), ``handlers`` (kopf), ``status``,
+``metrics``, ``rbac``. Never imports torch, vLLM or kvpool: it speaks the admin API only."""

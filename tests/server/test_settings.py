@@ -91,3 +91,12 @@ def test_the_engine_reserves_the_cores_stock_vllm_reserves(tiny_model: Path, mon
     assert pool_config(s, str(tiny_model)).env()["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "2"  # one per rank, as stock
     monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "3")  # the user's own choice is kept
     assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in pool_config(s, str(tiny_model)).env()
+
+
+def test_the_servers_offload_policies_are_the_connectors() -> None:
+    """One list: the flag offers exactly what the connector accepts."""
+    from typing import get_args
+
+    from kvpool.vllm.engine.settings import OFFLOAD_POLICIES
+
+    assert get_args(ServerSettings.model_fields["offload_policy"].annotation) == OFFLOAD_POLICIES

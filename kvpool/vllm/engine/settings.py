@@ -18,6 +18,8 @@ from kvpool.vmm.base import BackendKind
 TIER_SPEC = ("kvpool.vllm.tier.worker", "KVPoolOffloadingSpec")
 
 KiB, MiB = 1 << 10, 1 << 20
+#: vLLM's eviction policies for a full tier; the one list every layer checks against
+OFFLOAD_POLICIES = ("lru", "arc")
 
 
 @dataclass(frozen=True)
@@ -26,10 +28,11 @@ class ConnectorSettings:
 
     limit_bytes: int
     """Physical KV bytes the pool may back per worker at start (changed later by resize)."""
+    page_bytes: int
+    """Mapping granule per layer region (host: a multiple of 4 KiB; CUDA: of 2 MiB). No default
+    here: ``PoolEngineConfig`` decides it once (0 there = the default the model's blocks tile)."""
     backend: BackendKind = BackendKind.HOST
     """``host`` on CPU engines, ``cuda`` on GPU engines."""
-    page_bytes: int = 64 * KiB
-    """Mapping granule per layer region (host: a multiple of 4 KiB; CUDA: of 2 MiB)."""
     grow_ahead_blocks: int = 0
     """Free blocks to keep mapped ahead of demand while the limit allows; 0 = half a step's worth
     of prefill (max_num_batched_tokens / block_size / 2), at least two pages."""
@@ -59,8 +62,8 @@ class ConnectorSettings:
             raise ConfigError(f"kvpool control_timeout_s must be > 0, got {self.control_timeout_s}")
         if self.offload_bytes < 0:
             raise ConfigError(f"kvpool offload_bytes must be >= 0, got {self.offload_bytes}")
-        if self.offload_policy not in ("lru", "arc"):
-            raise ConfigError(f"kvpool offload_policy must be 'lru' or 'arc', got {self.offload_policy!r}")
+        if self.offload_policy not in OFFLOAD_POLICIES:
+            raise ConfigError(f"kvpool offload_policy must be one of {OFFLOAD_POLICIES}, got {self.offload_policy!r}")
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> ConnectorSettings:
@@ -70,8 +73,9 @@ class ConnectorSettings:
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ConfigError(f"unknown kvpool settings {unknown}; known: {sorted(known)}")
-        if "limit_bytes" not in raw:
-            raise ConfigError("kv_connector_extra_config.kvpool.limit_bytes is required")
+        for key in ("limit_bytes", "page_bytes"):
+            if key not in raw:
+                raise ConfigError(f"kv_connector_extra_config.kvpool.{key} is required")
         try:
             if "backend" in raw:
                 raw["backend"] = BackendKind(raw["backend"])

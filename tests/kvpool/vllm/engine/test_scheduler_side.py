@@ -143,10 +143,12 @@ def test_control_requests_are_served_from_the_mailbox_on_the_engine_thread() -> 
 def settings_cases() -> list[tuple[dict[str, Any], str]]:
     return [
         ({}, "limit_bytes is required"),
+        ({"limit_bytes": 1}, "page_bytes is required"),  # decided once, by PoolEngineConfig
         ({"limit_bytes": 1, "bogus": 2}, "unknown kvpool settings"),
-        ({"limit_bytes": "big"}, "limit_bytes must be an integer"),
+        ({"limit_bytes": "big", "page_bytes": 65536}, "limit_bytes must be an integer"),
         ({"limit_bytes": 1, "page_bytes": 1000}, "page_bytes=1000"),
-        ({"limit_bytes": 1, "backend": "tpu"}, "bad kvpool setting"),
+        ({"limit_bytes": 1, "page_bytes": 65536, "backend": "tpu"}, "bad kvpool setting"),
+        ({"limit_bytes": 1, "page_bytes": 65536, "offload_policy": "fifo"}, "offload_policy must be one of"),
         ({"limit_bytes": 1, "backend": "cuda", "page_bytes": 65536}, "multiple of 2 MiB"),
     ]
 
@@ -158,7 +160,7 @@ def test_bad_connector_settings_name_the_key(raw: dict[str, Any], message: str) 
 
 
 def test_settings_round_trip_through_the_connector_json() -> None:
-    s = ConnectorSettings(limit_bytes=1 << 20, control_address="kvpool-x", model="m")
+    s = ConnectorSettings(limit_bytes=1 << 20, page_bytes=PAGE, control_address="kvpool-x", model="m")
     assert ConnectorSettings.from_extra(s.to_extra()) == s
 
 
