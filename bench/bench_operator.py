@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp())
     ports = {n: free_port() for n in "ab"}
     procs = [start([sys.executable, "-m", "kvpool_server", "--model", model, "--served-model-name", n, "--port",
-                    str(p), "--limit-bytes", str(START), "--virtual-bytes", "512M"], p, tmp / f"{n}.log")
+                    str(p), "--limit-bytes", str(START), "--virtual-bytes", "512Mi"], p, tmp / f"{n}.log")
              for n, p in ports.items()]  # fmt: skip
     try:
         applied_s, in_use_s, rounds = react(group, {n: Endpoint("127.0.0.1", n, p) for n, p in ports.items()},

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
                                "--port", str(port), "--enforce-eager", "--block-size", "32",
                                "--kv-cache-memory-bytes", str(512 << 20)],
         "kvpool": lambda port: [sys.executable, "-m", "kvpool_server", "--model", model, "--served-model-name",
-                                "tiny", "--port", str(port), "--limit-bytes", "512M", "--virtual-bytes", "2G"],
+                                "tiny", "--port", str(port), "--limit-bytes", "512Mi", "--virtual-bytes", "2Gi"],
     }  # fmt: skip
     rounds: dict[str, list[dict[str, float]]] = {k: [] for k in servers}
     for turn in range(args.turns):

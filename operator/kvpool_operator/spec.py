@@ -70,7 +70,8 @@ class GroupSpec:
 
 
 def quantity(value: Any, path: str) -> int:
-    """A byte count: an integer or a Kubernetes quantity string ('40Gi', '512Mi')."""
+    """A byte count: an integer or a Kubernetes quantity string ('40Gi', '512Mi'). The server reads
+    its flags with the same grammar (``kvpool.units``; a test holds the two equal)."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     match = QUANTITY_RE.match(str(value)) if isinstance(value, str) else None

@@ -34,11 +34,13 @@ class ServerSettings(AdminTokenOptions):
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port")
     backend: Literal["host", "cuda"] = Field("host", description="KV memory: host (CPU engine) or cuda (GPU)")
-    limit_bytes: Bytes = Field(256 << 20, gt=0, description="physical KV limit per worker at start (256M, 4G)")
+    limit_bytes: Bytes = Field(
+        256 << 20, gt=0, description="physical KV limit per worker at start (256Mi, 4Gi; 512M = 512e6)"
+    )
     virtual_bytes: Bytes = Field(2 << 30, gt=0, description="virtual KV capacity per worker (what vLLM plans with)")
     block_size: int = Field(32, gt=0, description="tokens per KV block (a multiple of 32 on the CPU)")
     page_bytes: Bytes = Field(0, ge=0, description="mapping granule; 0 = 64K on the host, 2M on CUDA")
-    offload_bytes: Bytes = Field(0, ge=0, description="CPU offload tier per worker (0 = off; e.g. 4G)")
+    offload_bytes: Bytes = Field(0, ge=0, description="CPU offload tier per worker (0 = off; e.g. 4Gi)")
     offload_policy: Literal["lru", "arc"] = Field("lru", description="eviction policy of a full CPU tier")
     offload_dir: Path = Field(
         Path("/dev/shm"), description="directory of the CPU tier's shared-memory file (a memory-backed volume)"

@@ -132,7 +132,7 @@ def admin_api(cluster: Cluster) -> k8s.ApiClient:
 def start_group(tiny: Path, d: Path) -> tuple[subprocess.Popen[bytes], int]:
     (d / "token").write_text(TOKEN)
     port = free_ports(3)
-    extra = f"--limit-bytes 96M --virtual-bytes 512M --admin-token-file {d / 'token'} --offload-bytes 32M"
+    extra = f"--limit-bytes 96Mi --virtual-bytes 512Mi --admin-token-file {d / 'token'} --offload-bytes 32Mi"
     extra += f" --offload-dir {d}"
     cmd = [sys.executable, "-m", "kvpool_server.group", "--serve", f"a={tiny}", "--serve", f"b={tiny}",
            "--port", str(port), "--server-args", extra]  # fmt: skip

@@ -152,7 +152,9 @@ def register(api: k8s.ApiClient, group: str, model: str, server: Server) -> None
 
 @pytest.fixture(scope="module")
 def servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
-    out = {m: start_server(tiny_model, tmp_path_factory.mktemp(f"srv-{m}"), limit="128M", virtual="512M") for m in "ab"}
+    out = {
+        m: start_server(tiny_model, tmp_path_factory.mktemp(f"srv-{m}"), limit="128Mi", virtual="512Mi") for m in "ab"
+    }
     yield out
     for s in out.values():
         stop_server(s)

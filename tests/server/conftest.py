@@ -35,7 +35,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(model: Path, tmp: Path, *extra: str, limit: str = "256M", virtual: str = "1G") -> Server:
+def start_server(model: Path, tmp: Path, *extra: str, limit: str = "256Mi", virtual: str = "1Gi") -> Server:
     token = tmp / "admin-token"
     token.write_text(TOKEN)
     port = free_port()
@@ -78,7 +78,7 @@ def stop_server(server: Server, grace: float = 60) -> int:
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("server")
     # the CPU tier on: every HTTP test also runs the tier's stores, loads and unmap fences
-    s = start_server(tiny_model, tmp, "--api-key", API_KEY, "--log-json", "true", "--offload-bytes", "64M",
+    s = start_server(tiny_model, tmp, "--api-key", API_KEY, "--log-json", "true", "--offload-bytes", "64Mi",
                      "--offload-dir", str(tmp))  # fmt: skip
     yield s
     stop_server(s)

@@ -34,7 +34,7 @@ def smollm2() -> Path:
 
 @pytest.fixture(scope="module")
 def real_server(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(smollm2, tmp_path_factory.mktemp("smollm2"), "--api-key", API_KEY, limit="64M", virtual="256M")
+    s = start_server(smollm2, tmp_path_factory.mktemp("smollm2"), "--api-key", API_KEY, limit="64Mi", virtual="256Mi")
     yield s
     stop_server(s)
 

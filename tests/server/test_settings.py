@@ -31,10 +31,10 @@ def test_help_documents_every_option() -> None:
     [
         (["--port", "0"], "--port (env KVPOOL_PORT): Input should be greater than or equal to 1"),
         (["--limit-bytes", "lots"], "--limit-bytes"),
-        (["--limit-bytes", "4G", "--virtual-bytes", "1G"], "must not exceed virtual-bytes"),
+        (["--limit-bytes", "4Gi", "--virtual-bytes", "1Gi"], "must not exceed virtual-bytes"),
         (["--backend", "tpu"], "--backend"),
         (["--admin-token-file", "/nonexistent/token"], "admin-token-file /nonexistent/token does not exist"),
-        (["--offload-bytes", "1G", "--offload-dir", "/nonexistent"], "offload-dir /nonexistent is not a directory"),
+        (["--offload-bytes", "1Gi", "--offload-dir", "/nonexistent"], "offload-dir /nonexistent is not a directory"),
         (["--offload-policy", "fifo"], "--offload-policy"),
     ],
 )
@@ -60,20 +60,20 @@ def test_a_model_folder_that_does_not_exist_is_one_line_naming_it(tmp_path: Path
 def test_environment_and_token_file_are_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     token = tmp_path / "token"
     token.write_text("s3cret\n")
-    monkeypatch.setenv("KVPOOL_LIMIT_BYTES", "512M")
+    monkeypatch.setenv("KVPOOL_LIMIT_BYTES", "512Mi")
     s = parse_settings(["--admin-token-file", str(token)])
     assert (s.limit_bytes, s.resolved_admin_token()) == (512 << 20, "s3cret")
 
 
 def test_vllm_gets_the_connector_and_the_virtual_block_count(tiny_model: Path) -> None:
-    s = parse_settings(["--model", str(tiny_model), "--limit-bytes", "64M", "--virtual-bytes", "1G"])
+    s = parse_settings(["--model", str(tiny_model), "--limit-bytes", "64Mi", "--virtual-bytes", "1Gi"])
     argv = vllm_argv(s, pool_config(s, str(tiny_model)))
     assert argv[argv.index("--num-gpu-blocks-override") + 1] == str((1 << 30) // (64 << 10))
     assert "kvpool.vllm.engine.connector" in argv[argv.index("--kv-transfer-config") + 1]
 
 
 def test_the_cpu_tier_flag_reaches_vllms_offloading_connector(tiny_model: Path, tmp_path: Path) -> None:
-    s = parse_settings(["--model", str(tiny_model), "--offload-bytes", "1G", "--offload-dir", str(tmp_path)])
+    s = parse_settings(["--model", str(tiny_model), "--offload-bytes", "1Gi", "--offload-dir", str(tmp_path)])
     argv = vllm_argv(s, pool_config(s, str(tiny_model)))
     transfer = json.loads(argv[argv.index("--kv-transfer-config") + 1])
     extra = transfer["kv_connector_extra_config"]

@@ -1,7 +1,7 @@
 """Build the vLLM engine arguments that put a model's KV cache in a kvpool -- nobody writes the
 connector JSON by hand.
 
-    python -m kvpool.vllm.launch.args --model /models/tiny --limit-bytes 256M --virtual-bytes 4G
+    python -m kvpool.vllm.launch.args --model /models/tiny --limit-bytes 256Mi --virtual-bytes 4Gi
 
 prints the vLLM CLI flags (and the environment to set). In Python, ``PoolEngineConfig(...)
 .engine_kwargs()`` feeds ``EngineArgs`` / ``AsyncEngineArgs`` / ``LLM``.
@@ -184,7 +184,7 @@ class PoolEngineConfig:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Print vLLM flags that put a model's KV cache in a kvpool.")
     p.add_argument("--model", required=True, help="model path or cached id")
-    p.add_argument("--limit-bytes", required=True, type=parse_bytes, help="physical KV limit per worker (256M, 4G)")
+    p.add_argument("--limit-bytes", required=True, type=parse_bytes, help="physical KV limit per worker (256Mi, 4Gi)")
     p.add_argument("--virtual-bytes", required=True, type=parse_bytes, help="virtual KV capacity per worker")
     p.add_argument("--backend", choices=[b.value for b in BackendKind], default="host", help="host (CPU) or cuda")
     p.add_argument("--block-size", type=int, default=32, help="tokens per KV block")
