@@ -15,7 +15,7 @@ from kvpool.vllm.launch.args import PoolEngineConfig
 from kvpool.vmm.base import BackendKind
 from kvpool_server.flags import parse_flags
 from kvpool_server.logs import configure_logging
-from kvpool_server.settings import ServerSettings
+from kvpool_server.settings import POOL_FIELDS, ServerSettings
 
 log = logging.getLogger("kvpool_server")
 
@@ -26,18 +26,13 @@ def parse_settings(argv: list[str]) -> ServerSettings:
 
 
 def pool_config(settings: ServerSettings, model: str) -> PoolEngineConfig:
+    """The engine config: the pool's options by name (one field set), plus what needs a type change."""
     return PoolEngineConfig(
         model=model,
-        limit_bytes=settings.limit_bytes,
-        virtual_bytes=settings.virtual_bytes,
         backend=BackendKind(settings.backend),
-        block_size=settings.block_size,
-        page_bytes=settings.page_bytes,
-        tensor_parallel_size=settings.tensor_parallel_size,
         served_name=settings.served_model_name,
-        offload_bytes=settings.offload_bytes,
-        offload_policy=settings.offload_policy,
         offload_dir=str(settings.offload_dir),
+        **{name: getattr(settings, name) for name in POOL_FIELDS},
     )
 
 

@@ -1,5 +1,7 @@
 """ServerSettings: every option of kvpool-server, from flags or ``KVPOOL_*`` environment, validated
-once at start. ``kvpool-server --help`` lists them with these descriptions."""
+once at start. ``kvpool-server --help`` lists them with these descriptions; the pool's options
+(``POOL_FIELDS``) take theirs from ``PoolEngineConfig``, where they are defined, and reach it by
+name (``kvpool_server.cli.pool_config``)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,20 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from kvpool.docstrings import attribute_docs
 from kvpool.units import parse_bytes
+from kvpool.vllm.launch.args import PoolEngineConfig
 from kvpool_server.flags import AdminTokenOptions
+
+#: options that are PoolEngineConfig fields of the same name and type (copied by name)
+POOL_FIELDS = ("limit_bytes", "virtual_bytes", "block_size", "page_bytes", "tensor_parallel_size", "offload_bytes",
+               "offload_policy")  # fmt: skip
+
+
+def engine_doc(name: str, example: str = "") -> str:
+    """The description of a pool option: the engine config's own docstring (+ an example)."""
+    doc = attribute_docs(PoolEngineConfig)[name]
+    return f"{doc} ({example})" if example else doc
 
 
 def _bytes(value: object) -> object:
@@ -33,20 +47,16 @@ class ServerSettings(AdminTokenOptions):
     served_model_name: str = Field("", description="name clients use (default: the model directory's name)")
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(8000, ge=1, le=65535, description="HTTP port")
-    backend: Literal["host", "cuda"] = Field("host", description="KV memory: host (CPU engine) or cuda (GPU)")
-    limit_bytes: Bytes = Field(
-        256 << 20, gt=0, description="physical KV limit per worker at start (256Mi, 4Gi; 512M = 512e6)"
-    )
-    virtual_bytes: Bytes = Field(2 << 30, gt=0, description="virtual KV capacity per worker (what vLLM plans with)")
-    block_size: int = Field(32, gt=0, description="tokens per KV block (a multiple of 32 on the CPU)")
-    page_bytes: Bytes = Field(0, ge=0, description="mapping granule; 0 = 64K on the host, 2M on CUDA")
-    offload_bytes: Bytes = Field(0, ge=0, description="CPU offload tier per worker (0 = off; e.g. 4Gi)")
-    offload_policy: Literal["lru", "arc"] = Field("lru", description="eviction policy of a full CPU tier")
-    offload_dir: Path = Field(
-        Path("/dev/shm"), description="directory of the CPU tier's shared-memory file (a memory-backed volume)"
-    )
+    backend: Literal["host", "cuda"] = Field("host", description=engine_doc("backend"))
+    limit_bytes: Bytes = Field(256 << 20, gt=0, description=engine_doc("limit_bytes", "256Mi, 4Gi"))
+    virtual_bytes: Bytes = Field(2 << 30, gt=0, description=engine_doc("virtual_bytes", "e.g. 2Gi"))
+    block_size: int = Field(32, gt=0, description=engine_doc("block_size"))
+    page_bytes: Bytes = Field(0, ge=0, description=engine_doc("page_bytes"))
+    offload_bytes: Bytes = Field(0, ge=0, description=engine_doc("offload_bytes", "e.g. 4Gi"))
+    offload_policy: Literal["lru", "arc"] = Field("lru", description=engine_doc("offload_policy"))
+    offload_dir: Path = Field(Path("/dev/shm"), description=engine_doc("offload_dir", "a memory-backed volume"))
     max_model_len: int = Field(2048, gt=0, description="longest prompt + output in tokens")
-    tensor_parallel_size: int = Field(1, ge=1, description="tensor-parallel ranks (one pool each)")
+    tensor_parallel_size: int = Field(1, ge=1, description=engine_doc("tensor_parallel_size"))
     enforce_eager: bool = Field(True, description="skip torch.compile / CUDA graphs (fast start)")
     api_key: SecretStr | None = Field(None, description="key the OpenAI routes require (vLLM's --api-key)")
     grace_period_s: float = Field(30.0, ge=0, description="SIGTERM: seconds to finish in-flight requests")

@@ -23,7 +23,7 @@ def test_help_documents_every_option() -> None:
     assert out.returncode == 0
     for name in ServerSettings.model_fields:
         assert "--" + name.replace("_", "-") in out.stdout, name
-    assert "physical KV limit" in out.stdout
+    assert "Physical KV bytes per worker at start" in out.stdout  # the engine config's own words
 
 
 @pytest.mark.parametrize(
@@ -100,3 +100,23 @@ def test_the_servers_offload_policies_are_the_connectors() -> None:
     from kvpool.vllm.engine.settings import OFFLOAD_POLICIES
 
     assert get_args(ServerSettings.model_fields["offload_policy"].annotation) == OFFLOAD_POLICIES
+
+
+def test_every_pool_option_of_the_engine_config_is_a_server_option_described_where_it_is_defined() -> None:
+    """One field set: a new PoolEngineConfig field cannot be forgotten by the server, and the
+    server's --help says what the engine config's docstring says."""
+    from dataclasses import fields
+
+    from kvpool_server.settings import POOL_FIELDS
+
+    from kvpool.docstrings import attribute_docs
+    from kvpool.vllm.launch.args import PoolEngineConfig
+
+    internal = {"model", "served_name", "control_address", "grow_ahead_blocks"}  # set by the server itself
+    engine = {f.name for f in fields(PoolEngineConfig)} - internal
+    server = ServerSettings.model_fields
+    assert engine <= set(server), sorted(engine - set(server))
+    assert set(POOL_FIELDS) <= engine
+    docs = attribute_docs(PoolEngineConfig)
+    for name in engine:
+        assert (server[name].description or "").startswith(docs[name]), name

@@ -18,7 +18,7 @@ import json
 import os
 import secrets
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -80,11 +80,13 @@ class PoolEngineConfig:
     """Mapping granule; 0 = 64 KiB on the host, 2 MiB on CUDA, or the nearest larger size that
     the model's blocks tile (``fitting_page_bytes``)."""
     tensor_parallel_size: int = 1
+    """Tensor-parallel ranks (one pool each)."""
     served_name: str = ""
     """Model name in snapshots and metrics; default: the model path's last part."""
     control_address: str = field(default_factory=lambda: f"kvpool-{secrets.token_hex(8)}")
     """Abstract socket of the control channel: random per instance, so instances never collide."""
     grow_ahead_blocks: int = 0
+    """Free blocks kept mapped ahead of demand; 0 = half a step's worth of prefill."""
     offload_bytes: int = 0
     """CPU offload tier per worker; 0 = off."""
     offload_policy: str = "lru"
@@ -118,19 +120,12 @@ class PoolEngineConfig:
         return fitting_page_bytes(shape, self.layout, granule, target)
 
     def settings(self) -> ConnectorSettings:
-        page = self._page_bytes
+        """The connector's settings: every field of the same name copied (one field set), the page
+        decided here, the model named."""
         name = self.served_name or self.model.rstrip("/").rsplit("/", 1)[-1]
-        return ConnectorSettings(
-            limit_bytes=self.limit_bytes,
-            backend=self.backend,
-            page_bytes=page,
-            control_address=self.control_address,
-            model=name,
-            grow_ahead_blocks=self.grow_ahead_blocks,
-            offload_bytes=self.offload_bytes,
-            offload_policy=self.offload_policy,
-            offload_dir=self.offload_dir,
-        )
+        mine = {f.name for f in fields(self)} - {"model", "page_bytes"}
+        shared = {f.name: getattr(self, f.name) for f in fields(ConnectorSettings) if f.name in mine}
+        return ConnectorSettings(**shared, page_bytes=self._page_bytes, model=name)
 
     def geometry(self) -> Geometry:
         return Geometry.fit(self._shape, self.layout, self.settings().page_bytes, self.virtual_bytes)
