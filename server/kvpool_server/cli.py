@@ -47,7 +47,7 @@ def vllm_argv(settings: ServerSettings, pool: PoolEngineConfig) -> list[str]:
         "--enable-request-id-headers",
         *pool.cli_args(),
     ]  # fmt: skip
-    if settings.enforce_eager:
+    if settings.eager:
         argv.append("--enforce-eager")
     if settings.api_key is not None:
         argv += ["--api-key", settings.api_key.get_secret_value()]

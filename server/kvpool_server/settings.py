@@ -57,7 +57,10 @@ class ServerSettings(AdminTokenOptions):
     offload_dir: Path = Field(Path("/dev/shm"), description=engine_doc("offload_dir", "a memory-backed volume"))
     max_model_len: int = Field(2048, gt=0, description="longest prompt + output in tokens")
     tensor_parallel_size: int = Field(1, ge=1, description=engine_doc("tensor_parallel_size"))
-    enforce_eager: bool = Field(True, description="skip torch.compile / CUDA graphs (fast start)")
+    enforce_eager: bool | None = Field(
+        None, description="skip torch.compile / CUDA graphs; default: on with backend host (the CPU), off with "
+        "cuda (CUDA graphs, vLLM's own default: the pool's virtual range is fixed, so graphs survive resizes)",
+    )  # fmt: skip
     api_key: SecretStr | None = Field(None, description="key the OpenAI routes require (vLLM's --api-key)")
     grace_period_s: float = Field(30.0, ge=0, description="SIGTERM: seconds to finish in-flight requests")
     log_json: bool = Field(False, description="one JSON object per log line")
@@ -71,3 +74,7 @@ class ServerSettings(AdminTokenOptions):
         if self.offload_bytes and not self.offload_dir.is_dir():
             raise ValueError(f"offload-dir {self.offload_dir} is not a directory (the CPU tier's file goes there)")
         return self
+
+    @property
+    def eager(self) -> bool:
+        return self.enforce_eager if self.enforce_eager is not None else self.backend == "host"

@@ -120,3 +120,14 @@ def test_every_pool_option_of_the_engine_config_is_a_server_option_described_whe
     docs = attribute_docs(PoolEngineConfig)
     for name in engine:
         assert (server[name].description or "").startswith(docs[name]), name
+
+
+@pytest.mark.parametrize(
+    ("flags", "eager"),
+    [([], True), (["--backend", "cuda"], False), (["--backend", "cuda", "--enforce-eager", "true"], True),
+     (["--enforce-eager", "false"], False)],
+)  # fmt: skip
+def test_eager_mode_is_the_cpus_default_and_cuda_graphs_the_gpus(flags: list[str], eager: bool) -> None:
+    """No default that costs against stock vLLM: on a GPU vLLM captures CUDA graphs unless told not to."""
+    s = parse_settings(flags)
+    assert s.eager is eager
