@@ -59,7 +59,7 @@ class ServerSettings(AdminTokenOptions):
     tensor_parallel_size: int = Field(1, ge=1, description=engine_doc("tensor_parallel_size"))
     enforce_eager: bool | None = Field(
         None, description="skip torch.compile / CUDA graphs; default: on with backend host (the CPU), off with "
-        "cuda (CUDA graphs, vLLM's own default: the pool's virtual range is fixed, so graphs survive resizes)",
+        "cuda (CUDA graphs, vLLM's own default; the pool's virtual range never moves)",
     )  # fmt: skip
     api_key: SecretStr | None = Field(None, description="key the OpenAI routes require (vLLM's --api-key)")
     grace_period_s: float = Field(30.0, ge=0, description="SIGTERM: seconds to finish in-flight requests")
