@@ -57,3 +57,36 @@ def test_device_memory_follows_mapping(backend) -> None:  # type: ignore[no-unty
     free2, _ = torch.cuda.mem_get_info()
     assert free0 - free1 >= 12 * g  # the reserve may have covered a few granules
     assert free2 - free1 >= 12 * g
+
+
+def test_a_captured_cuda_graph_replays_across_a_shrink_and_a_grow(backend) -> None:  # type: ignore[no-untyped-def]
+    """What CUDA graphs in the engine rely on (eager mode is off on GPUs): the pool's virtual
+    addresses never move, so a graph captured over pool memory keeps working after the pages
+    behind those addresses are unmapped and mapped again (new physical memory, same addresses)."""
+    import torch
+
+    g = backend.granularity
+    t = backend.as_tensor()
+    backend.map(0, 4 * g)
+    src, dst = t[g : 2 * g], t[2 * g : 3 * g]
+    src.fill_(5)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
+        torch.add(src, 1, out=dst)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.add(src, 1, out=dst)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert int(dst.min()) == int(dst.max()) == 6
+    backend.unmap(g, 2 * g)  # shrink: src and dst lose their pages (never replayed meanwhile)
+    assert int(t[g : 3 * g].sum()) == 0
+    backend.map(g, 2 * g)  # grow: fresh pages at the same addresses
+    src.fill_(7)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert int(dst.min()) == int(dst.max()) == 8
+    assert int(t[3 * g : 4 * g].sum()) == 0  # the neighbours were not touched
+    del graph
