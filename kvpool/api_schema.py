@@ -58,7 +58,8 @@ def render(schema: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    out = Path((argv if argv is not None else sys.argv[1:] or ["docs/api"])[0])
+    args = sys.argv[1:] if argv is None else argv
+    out = Path(args[0] if args else "docs/api")
     out.mkdir(parents=True, exist_ok=True)
     for name, schema in schemas().items():
         (out / f"{name}.schema.json").write_text(render(schema))

@@ -16,6 +16,7 @@ import enum
 from typing import Any
 
 from kvpool.errors import ConfigError
+from kvpool.layout import Geometry
 from kvpool.snapshot import PendingResize, PoolSnapshot, ResizeResult, ResizeStatus
 
 
@@ -99,7 +100,13 @@ class Limit:
         status = ResizeStatus(verdict.value) if verdict in (Verdict.STALE, Verdict.CONFLICT) else self.pending.status
         return ResizeResult(status, self.pending.revision, self.effective_bytes, physical_pages * self.page_bytes)
 
-    def snapshot(self, **pool: Any) -> PoolSnapshot:
-        """A PoolSnapshot: the limit's fields from here, the rest (geometry, pages, blocks, tier)
-        from the pool -- one builder for both pools."""
-        return PoolSnapshot(limit_bytes=self.effective_bytes, pending=self.pending, resizes=dict(self.counts), **pool)
+    def snapshot(self, geometry: Geometry, model: str, mapped_pages: int, **counts: Any) -> PoolSnapshot:
+        """A PoolSnapshot -- one builder for both pools: the limit's and the geometry's fields from
+        here, the page and block counts (and the tier) from the pool."""
+        page = geometry.page_physical_bytes
+        return PoolSnapshot(
+            model=model, layout=geometry.layout.value, page_bytes=page, block_bytes=geometry.shape.block_bytes,
+            blocks_per_page=geometry.blocks_per_page, virtual_bytes=geometry.total_bytes,
+            limit_bytes=self.effective_bytes, mapped_bytes=mapped_pages * page, pending=self.pending,
+            resizes=dict(self.counts), **counts,
+        )  # fmt: skip

@@ -204,13 +204,9 @@ class KVPool:
             used = sum(t.used) - null
             cached = len(self._lru)
             return self._limit.snapshot(
-                model=self.config.model,
-                layout=g.layout.value,
-                page_bytes=g.page_physical_bytes,
-                block_bytes=g.shape.block_bytes,
-                blocks_per_page=g.blocks_per_page,
-                virtual_bytes=g.total_bytes,
-                mapped_bytes=t.count(PageState.MAPPED) * g.page_physical_bytes,
+                g,
+                self.config.model,
+                t.count(PageState.MAPPED),
                 reserve_bytes=t.count(PageState.RESERVE) * g.page_physical_bytes + self.backend.reserve_bytes,
                 used_blocks=used,
                 cached_blocks=cached,

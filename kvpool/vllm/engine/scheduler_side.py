@@ -181,13 +181,9 @@ class SchedulerSide:
                 used += blk.ref_cnt > 0 and not blk.is_null
                 cached += blk.ref_cnt == 0 and blk.block_hash is not None
         return self.limit.snapshot(
-            model=self.settings.model,
-            layout=g.layout.value,
-            page_bytes=self.page_bytes,
-            block_bytes=g.shape.block_bytes,
-            blocks_per_page=g.blocks_per_page,
-            virtual_bytes=g.total_bytes,
-            mapped_bytes=len(mapped_pages) * self.page_bytes,
+            g,
+            self.settings.model,
+            len(mapped_pages),
             reserve_bytes=self.table.count(PageState.RESERVE) * self.page_bytes,
             used_blocks=used,
             cached_blocks=cached,
