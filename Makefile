@@ -28,7 +28,7 @@ STAMP := $(VENV)/.kvpool-locks-$(LOCK_HASH)
 PIP := $(PY) -m pip install --disable-pip-version-check --no-deps -q
 QUIET := 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 
-.PHONY: help install model k8s-tools serve serve-group demo test test-fast test-gpu lint chart dashboard-picture image format bench bench-colocation lock-hash clean
+.PHONY: help install model k8s-tools serve serve-group demo test test-fast test-gpu lint chart dashboard-picture image format bench bench-colocation bench-profile lock-hash clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -91,21 +91,24 @@ test: install model k8s-tools lint ## set up, lint, and run every test that this
 test-fast: install k8s-tools ## unit tests only (no e2e, no slow)
 	$(PY) -m pytest -m "not e2e and not slow"
 
-test-gpu: install ## on an NVIDIA host: gpu tests + GPU micro-benchmarks -> results/gpu.json
+test-gpu: install ## on an NVIDIA host: gpu tests + GPU micro-benchmarks -> results/gpu_check.json
 	PYTHON=$(PY) bench/gpu_check.sh
 
 bench-colocation: install ## two models, one KV budget: static split vs elastic (+ CPU tier) -> table, JSON, PNGs in results/
 	$(PY) -m bench.bench_colocation $(ARGS)
 
-bench: install ## CPU benchmarks side by side; ratios printed, JSON in results/
+bench: install ## CPU benchmarks side by side; ratios printed, JSON in results/ (of record: bench_server, bench_engine)
+	$(PY) -m bench.bench_server
+	$(PY) -m bench.bench_engine
 	$(PY) -m bench.bench_pages
 	$(PY) -m bench.bench_alloc
 	$(PY) -m bench.bench_block_copy
 	$(PY) -m bench.bench_offload
-	$(PY) -m bench.bench_engine
-	$(PY) -m bench.bench_server
 	$(PY) -m bench.bench_operator
 	$(PY) -m bench.bench_router
+
+bench-profile: install ## where stock vLLM's server and ours spend CPU under load (py-spy, every process) -> results/
+	$(PY) -m bench.profile_server $(ARGS)
 
 lock-hash: ## print the hash of the locks (.ci/run names its cached virtualenv after it)
 	@echo $(LOCK_HASH)

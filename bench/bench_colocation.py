@@ -28,10 +28,10 @@ from kvpool_operator.balance import Balancer
 from kvpool_operator.pools import AdminClient, Endpoint
 from kvpool_operator.spec import GroupSpec, parse_group
 
-from bench.bench_server import free_port, start
 from bench.colocation_report import report
 from bench.colocation_workload import WorkloadSpec, drive, schedule
 from bench.common import RESULTS
+from bench.servers import free_port, start
 
 MiB = 1 << 20
 CONTROLLER = "kvpool_operator.balance.Balancer (the operator's policy + admin API; no Kubernetes)"

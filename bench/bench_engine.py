@@ -2,9 +2,11 @@
 
 Only one engine is up at a time (an idle vLLM worker keeps polling its queue -- about a third of
 a core here -- and on two cores that would tax whichever engine runs beside it); the engines
-take turns in alternating order (A B, B A, ...), each serving several rounds; medians per engine.
-Prints throughput and TTFT ratios (goal:
-within 3%) and writes results/bench_engine.json. Run: ``python -m bench.bench_engine``.
+take turns in alternating order (A B, B A, ...), and in each turn both get the same workload
+seeds, so each round of ours pairs with one of stock's. Prints every engine setting that differs
+(from each engine's own ``VllmConfig``), then per metric the median of the per-pair ratios, their
+range and a bootstrap 95% interval (goal: within 3%); writes results/bench_engine.json.
+Run: ``python -m bench.bench_engine``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import compare, ttft_percentiles
+from bench.common import config_differences, paired_ratios, print_config_differences, ttft_percentiles
 
 MiB = 1 << 20
 
@@ -36,13 +38,21 @@ def one_round(runner: Any, prompts: list[list[int]], max_tokens: int) -> dict[st
     return {"tokens_per_s": sum(len(c.token_ids) for c in out) / wall, **ttft_percentiles([c.ttft_s for c in out])}
 
 
+def config_json(vllm_config: Any) -> dict[str, Any]:
+    """An engine's ``VllmConfig`` as JSON values (as vLLM's ``/server_info`` renders it)."""
+    import pydantic
+    from vllm.config import VllmConfig
+
+    return dict(pydantic.TypeAdapter(VllmConfig).dump_python(vllm_config, mode="json", fallback=str))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=64)
     p.add_argument("--prompt-tokens", type=int, default=256)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=3, help="measured rounds per turn")
-    p.add_argument("--turns", type=int, default=2, help="times each engine is started")
+    p.add_argument("--rounds", type=int, default=1, help="measured rounds per turn")
+    p.add_argument("--turns", type=int, default=6, help="times each engine is started (order alternates)")
     p.add_argument("--trim", action="store_true", help="trim the pool before each round (measures regrowth)")
     args = p.parse_args(argv)
     from kvpool.vllm.launch.args import PoolEngineConfig
@@ -58,20 +68,28 @@ def main(argv: list[str] | None = None) -> None:
     }
     rounds: dict[str, list[dict[str, float]]] = {k: [] for k in makers}
     rss: dict[str, list[int]] = {k: [] for k in makers}  # the worker's resident bytes after the rounds
+    configs: dict[str, dict[str, Any]] = {}
     for turn in range(args.turns):
         for name in list(makers) if turn % 2 == 0 else list(makers)[::-1]:
             runner = makers[name]()
             try:
-                one_round(runner, workload(8, args.prompt_tokens), 8)  # warm-up, not counted
+                configs.setdefault(name, config_json(runner.engine.vllm_config))
+                # warm-up, not counted: a round of the measured shape, so that both engines start the
+                # rounds in their steady state (ours has mapped the pages a round needs; --trim
+                # measures the growth instead)
+                one_round(runner, workload(args.requests, args.prompt_tokens), args.max_tokens)
                 for i in range(args.rounds):
                     if args.trim and name == "kvpool":
                         runner.trim()
-                    prompts = workload(args.requests, args.prompt_tokens, seed=i + 1)
+                    prompts = workload(args.requests, args.prompt_tokens, seed=1 + turn * args.rounds + i)
                     rounds[name].append(one_round(runner, prompts, args.max_tokens))
                 rss[name].append(runner.worker_rss())
             finally:
                 runner.close()
-    compare("bench_engine", rounds, {**vars(args), "worker_rss_bytes": rss})
+        if turn == 0:
+            print_config_differences(config_differences(configs))
+    paired_ratios("bench_engine", rounds, "stock", vars(args), worker_rss_bytes=rss,
+                  config_differences=config_differences(configs))  # fmt: skip
     print("worker RSS after the rounds (MiB): " + "  ".join(f"{k} {max(v) >> 20}" for k, v in rss.items()))
 
 

@@ -23,8 +23,8 @@ from kvpool_operator.balance import Balancer
 from kvpool_operator.pools import AdminClient, Endpoint
 from kvpool_operator.spec import GroupSpec, parse_group
 
-from bench.bench_server import free_port, start
 from bench.common import write_result
+from bench.servers import free_port, start
 
 MiB = 1 << 20
 START = 128 * MiB  # each pool's limit before the load step

