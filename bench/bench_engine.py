@@ -6,19 +6,23 @@ take turns in alternating order (A B, B A, ...), and in each turn both get the s
 seeds, so each round of ours pairs with one of stock's. Prints every engine setting that differs
 (from each engine's own ``VllmConfig``), then per metric the median of the per-pair ratios, their
 range and a bootstrap 95% interval (goal: within 3%); writes results/bench_engine.json.
-Run: ``python -m bench.bench_engine``.
+Run: ``python -m bench.bench_engine`` (``--model smollm2`` for the real default model).
 """
 
 from __future__ import annotations
 
 import argparse
 import random
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from bench.common import config_differences, paired_ratios, print_config_differences, ttft_percentiles
+from bench.common import (
+    config_differences,
+    paired_ratios,
+    print_config_differences,
+    resolve_model,
+    ttft_percentiles,
+)
 
 MiB = 1 << 20
 
@@ -53,13 +57,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=1, help="measured rounds per turn")
     p.add_argument("--turns", type=int, default=6, help="times each engine is started (order alternates)")
+    p.add_argument("--model", default="tiny", help="tiny (default), smollm2, or a model folder")
     p.add_argument("--trim", action="store_true", help="trim the pool before each round (measures regrowth)")
     args = p.parse_args(argv)
     from kvpool.vllm.launch.args import PoolEngineConfig
     from kvpool.vllm.launch.runner import EngineRunner
-    from kvpool.vllm.launch.tiny_model import build_tiny_model
 
-    model = str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
+    model = resolve_model(args.model)
     makers = {
         "stock": lambda: EngineRunner(model, None, max_model_len=2048, kv_cache_memory_bytes=512 * MiB),
         "kvpool": lambda: EngineRunner(

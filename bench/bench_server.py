@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import re
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import config_differences, paired_ratios, print_config_differences
+from bench.common import config_differences, paired_ratios, print_config_differences, resolve_model
 from bench.servers import VARIANTS, Server, engine_config, launch
 
 #: vllm.benchmarks.serve's result keys -> ours
@@ -38,21 +37,6 @@ METRICS = {
     "p99_e2el_ms": "e2el_p99_ms",
 }
 BINDING = re.compile(r"reserve_cpu_num=(\d+)|local_rank=\d+, core ids=(\[[\d, ]*\])")
-
-
-def resolve_model(name: str) -> str:
-    """``tiny`` (built here, seconds), ``smollm2`` (``make model``'s folder) or a path."""
-    if name == "tiny":
-        from kvpool.vllm.launch.tiny_model import build_tiny_model
-
-        return str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
-    if name == "smollm2":
-        default = Path.home() / ".cache/kvpool/models/SmolLM2-135M-Instruct"
-        path = Path(os.environ.get("KVPOOL_SMOLLM2_DIR", default))
-        if not (path / "config.json").exists():
-            raise SystemExit(f"--model smollm2: {path} does not hold the model; run `make model` first")
-        return str(path)
-    return name
 
 
 def serve_round(server: Server, model: str, args: argparse.Namespace, seed: int, prompts: int) -> dict[str, float]:

@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.bench_server import resolve_model, serve_round
-from bench.common import write_result
+from bench.bench_server import serve_round
+from bench.common import resolve_model, write_result
 from bench.servers import VARIANTS, launch
 
 #: where py-spy's process entries start; a command line may itself hold quotes and ";" (our
