@@ -20,9 +20,9 @@ from bench.common import (
     config_differences,
     paired_ratios,
     print_config_differences,
-    resolve_model,
     ttft_percentiles,
 )
+from bench.models import resolve_model
 
 MiB = 1 << 20
 

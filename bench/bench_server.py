@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import config_differences, paired_ratios, print_config_differences, resolve_model
+from bench.common import config_differences, paired_ratios, print_config_differences
+from bench.models import resolve_model
 from bench.servers import VARIANTS, Server, engine_config, launch
 
 #: vllm.benchmarks.serve's result keys -> ours

@@ -13,23 +13,6 @@ from typing import Any
 RESULTS = Path(os.environ.get("KVPOOL_RESULTS", "results"))
 
 
-def resolve_model(name: str) -> str:
-    """``tiny`` (built here, seconds), ``smollm2`` (``make model``'s folder) or a path."""
-    if name == "tiny":
-        import tempfile
-
-        from kvpool.vllm.launch.tiny_model import build_tiny_model
-
-        return str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
-    if name == "smollm2":
-        default = Path.home() / ".cache/kvpool/models/SmolLM2-135M-Instruct"
-        path = Path(os.environ.get("KVPOOL_SMOLLM2_DIR", default))
-        if not (path / "config.json").exists():
-            raise SystemExit(f"--model smollm2: {path} does not hold the model; run `make model` first")
-        return str(path)
-    return name
-
-
 def best_of(fn: Callable[[], Any], repeat: int = 5) -> float:
     """Best wall time of ``repeat`` runs (seconds): the least disturbed by other load."""
     best = float("inf")

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_server import serve_round
-from bench.common import resolve_model, write_result
+from bench.common import write_result
+from bench.models import resolve_model
 from bench.servers import VARIANTS, launch
 
 #: where py-spy's process entries start; a command line may itself hold quotes and ";" (our
