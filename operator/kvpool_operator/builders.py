@@ -70,6 +70,9 @@ def server_args(group: GroupSpec, model: ModelSpec, port: int, limit: int) -> li
     args = [
         "--model", model.model, "--served-model-name", model.name, "--host", "0.0.0.0", "--port", str(port),
         "--backend", "cuda", "--limit-bytes", str(limit), "--virtual-bytes", str(budget.max_bytes), "--log-json",
+        # the pod's pools share one ledger in its /dev/shm volume: no limit the operator sets can
+        # make them map more than the group's budget together
+        "--ledger-bytes", str(group.policy.budget_bytes),
     ]  # fmt: skip
     if group.workload.offload_bytes:
         args += ["--offload-bytes", str(group.workload.offload_bytes), "--offload-dir", "/dev/shm"]

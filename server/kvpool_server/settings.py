@@ -19,7 +19,7 @@ from kvpool_server.flags import AdminTokenOptions
 
 #: options that are PoolEngineConfig fields of the same name and type (copied by name)
 POOL_FIELDS = ("limit_bytes", "virtual_bytes", "block_size", "page_bytes", "tensor_parallel_size", "offload_bytes",
-               "offload_policy")  # fmt: skip
+               "offload_policy", "ledger_bytes", "ledger_path")  # fmt: skip
 
 
 def engine_doc(name: str, example: str = "") -> str:
@@ -55,6 +55,8 @@ class ServerSettings(AdminTokenOptions):
     offload_bytes: Bytes = Field(0, ge=0, description=engine_doc("offload_bytes", "e.g. 4Gi"))
     offload_policy: Literal["lru", "arc"] = Field("lru", description=engine_doc("offload_policy"))
     offload_dir: Path = Field(Path("/dev/shm"), description=engine_doc("offload_dir", "a memory-backed volume"))
+    ledger_bytes: Bytes = Field(0, ge=0, description=engine_doc("ledger_bytes", "e.g. 8Gi"))
+    ledger_path: str = Field("/dev/shm/kvpool-ledger", min_length=1, description=engine_doc("ledger_path"))
     max_model_len: int = Field(2048, gt=0, description="longest prompt + output in tokens")
     tensor_parallel_size: int = Field(1, ge=1, description=engine_doc("tensor_parallel_size"))
     enforce_eager: bool | None = Field(

@@ -52,12 +52,12 @@ def test_the_device_plugin_deployment_is_exactly_this() -> None:
                   "--upstream=qwen=http://127.0.0.1:8001"]},
         {"name": "llama", "args": ["--model", "/models/llama", "--served-model-name", "llama", "--host", "0.0.0.0",
                                    "--port", "8000", "--backend", "cuda", "--limit-bytes", str(28 * GiB),
-                                   "--virtual-bytes", str(30 * GiB), "--log-json", "--offload-bytes", str(2 * GiB),
-                                   "--offload-dir", "/dev/shm"]},
+                                   "--virtual-bytes", str(30 * GiB), "--log-json", "--ledger-bytes", str(40 * GiB),
+                                   "--offload-bytes", str(2 * GiB), "--offload-dir", "/dev/shm"]},
         {"name": "qwen", "args": ["--model", "/models/qwen", "--served-model-name", "qwen", "--host", "0.0.0.0",
                                   "--port", "8001", "--backend", "cuda", "--limit-bytes", str(12 * GiB),
-                                  "--virtual-bytes", str(30 * GiB), "--log-json", "--offload-bytes", str(2 * GiB),
-                                  "--offload-dir", "/dev/shm", "--seed", "1"]},
+                                  "--virtual-bytes", str(30 * GiB), "--log-json", "--ledger-bytes", str(40 * GiB),
+                                  "--offload-bytes", str(2 * GiB), "--offload-dir", "/dev/shm", "--seed", "1"]},
     ]  # fmt: skip
     c["env"] = [e for e in c["env"] if e["name"] != "KVPOOL_GROUP_SERVERS"]
     probe = {"periodSeconds": 10, "failureThreshold": 3}

@@ -48,6 +48,11 @@ class ConnectorSettings:
     """Eviction policy of a full tier: ``lru`` or ``arc`` (vLLM's policies)."""
     offload_dir: str = "/dev/shm"
     """Directory of the tier's shared-memory file (in Kubernetes: a memory-backed emptyDir)."""
+    ledger_bytes: int = 0
+    """The node ledger's budget (``kvpool.ledger``) for every pool sharing ``ledger_path`` on one
+    device; 0 = no ledger."""
+    ledger_path: str = "/dev/shm/kvpool-ledger"
+    """The ledger's file; each device gets its own (``<path>-dev<N>``)."""
 
     def __post_init__(self) -> None:
         if self.limit_bytes < 0:
@@ -62,6 +67,8 @@ class ConnectorSettings:
             raise ConfigError(f"kvpool control_timeout_s must be > 0, got {self.control_timeout_s}")
         if self.offload_bytes < 0:
             raise ConfigError(f"kvpool offload_bytes must be >= 0, got {self.offload_bytes}")
+        if self.ledger_bytes < 0:
+            raise ConfigError(f"kvpool ledger_bytes must be >= 0, got {self.ledger_bytes}")
         if self.offload_policy not in OFFLOAD_POLICIES:
             raise ConfigError(f"kvpool offload_policy must be one of {OFFLOAD_POLICIES}, got {self.offload_policy!r}")
 
@@ -79,7 +86,7 @@ class ConnectorSettings:
         try:
             if "backend" in raw:
                 raw["backend"] = BackendKind(raw["backend"])
-            for key in ("limit_bytes", "page_bytes", "grow_ahead_blocks", "offload_bytes"):
+            for key in ("limit_bytes", "page_bytes", "grow_ahead_blocks", "offload_bytes", "ledger_bytes"):
                 if key in raw and (not isinstance(raw[key], int) or isinstance(raw[key], bool)):
                     raise ConfigError(f"kvpool {key} must be an integer, got {raw[key]!r}")
             return cls(**raw)

@@ -14,6 +14,8 @@ Tried and avoided: wrapping vLLM's allocator function (private, moves between re
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -21,13 +23,16 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from kvpool.errors import ConfigError, KVPoolError
+from kvpool.errors import ConfigError, KVPoolError, PoolExhausted
 from kvpool.layout import Geometry, PageId
+from kvpool.ledger import Ledger
 from kvpool.vllm.engine.protocol import PageCommand, PageOp, PoolMetadata, PoolWorkerMetadata
 from kvpool.vllm.engine.settings import ConnectorSettings
 from kvpool.vmm import VMMBackend, open_backend
 
 log = logging.getLogger(__name__)
+#: the pool retries a refused map every step while demand lasts; one line per this many seconds
+LEDGER_LOG_EVERY_S = 30
 
 
 class _AllocateFromPool(TorchFunctionMode):
@@ -58,6 +63,14 @@ class WorkerSide:
         self._done: set[int] = set()
         self._failed: dict[int, str] = {}
         self._mapped: set[PageId] = set()
+        self._page_bytes = geometry.page_physical_bytes
+        self._refused_logged = float("-inf")
+        # every map debits the node ledger first and every unmap credits it (kvpool.ledger)
+        self._ledger = (
+            Ledger(f"{settings.ledger_path}-dev{device}", f"{settings.model}:{os.getpid()}", settings.ledger_bytes)
+            if settings.ledger_bytes
+            else None
+        )
         self._apply_map(PageId(0))  # the null block, which vLLM may touch before any command
 
     def allocation_context(self) -> AbstractContextManager[Any]:
@@ -81,6 +94,12 @@ class WorkerSide:
             try:
                 self._apply(cmd)
                 self._done.add(cmd.seq)
+            except PoolExhausted as e:  # the node ledger is spent: expected while others hold it
+                if time.monotonic() - self._refused_logged > LEDGER_LOG_EVERY_S:
+                    self._refused_logged = time.monotonic()
+                    log.warning("kvpool: map of page %d refused (repeats are logged every %d s): %s",
+                                cmd.page, LEDGER_LOG_EVERY_S, e)  # fmt: skip
+                self._failed[cmd.seq] = str(e)
             except (KVPoolError, OSError) as e:
                 log.error("kvpool: %s of page %d failed: %s", cmd.op.value, cmd.page, e)
                 self._failed[cmd.seq] = str(e)
@@ -93,11 +112,21 @@ class WorkerSide:
             for r in self.geometry.page_ranges(page):
                 self.backend.unmap(r.offset, r.length)
             self._mapped.discard(page)
+            if self._ledger:
+                self._ledger.credit(self._page_bytes)
 
     def _apply_map(self, page: PageId) -> None:
-        if page not in self._mapped:
+        if page in self._mapped:
+            return
+        if self._ledger:
+            self._ledger.debit(self._page_bytes)  # PoolExhausted: refused, reported as a failed map
+        try:
             self.backend.map_all(self.geometry.page_ranges(page))
-            self._mapped.add(page)
+        except BaseException:
+            if self._ledger:
+                self._ledger.credit(self._page_bytes)
+            raise
+        self._mapped.add(page)
 
     def take_results(self) -> PoolWorkerMetadata | None:
         if not self._done and not self._failed:
@@ -113,3 +142,5 @@ class WorkerSide:
 
     def close(self) -> None:
         self.backend.close()
+        if self._ledger:
+            self._ledger.close()

@@ -93,6 +93,11 @@ class PoolEngineConfig:
     """Eviction policy of a full tier: ``lru`` or ``arc``."""
     offload_dir: str = "/dev/shm"
     """Directory of the tier's shared-memory file."""
+    ledger_bytes: int = 0
+    """Physical KV bytes all the pools sharing ``ledger_path`` may map together on one device (the
+    group's budget): a map beyond it is refused, whatever the limits; 0 = no ledger."""
+    ledger_path: str = "/dev/shm/kvpool-ledger"
+    """The ledger file the pools of one pod share (a memory-backed volume all of them see)."""
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:

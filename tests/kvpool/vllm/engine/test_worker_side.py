@@ -58,3 +58,24 @@ def test_a_failing_command_is_reported_not_raised() -> None:
     assert result is not None
     assert result.done == frozenset()
     assert "outside" in result.failed[9]
+
+
+def test_pools_sharing_a_ledger_never_map_beyond_its_budget(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    geo = Geometry(SHAPE, KVLayout.PER_LAYER, num_blocks=64, page_bytes=PAGE)
+    budget = 3 * geo.page_physical_bytes
+    settings = {"limit_bytes": 1 << 20, "page_bytes": PAGE, "ledger_bytes": budget, "ledger_path": str(tmp_path / "l")}
+    a = WorkerSide(ConnectorSettings(**settings, model="a"), geo)  # type: ignore[arg-type]
+    b = WorkerSide(ConnectorSettings(**settings, model="b"), geo)  # type: ignore[arg-type]
+    a.apply(PoolMetadata([PageCommand(1, 1, PageOp.MAP)]))  # null pages + this one: the budget is spent
+    b.apply(PoolMetadata([PageCommand(2, 1, PageOp.MAP)]))
+    refused = b.take_results()
+    assert refused is not None
+    assert "overdraw the budget" in refused.failed[2]
+    assert b.mapped_bytes == geo.page_physical_bytes  # the refused map left nothing behind
+    a.apply(PoolMetadata([PageCommand(3, 1, PageOp.UNMAP)]))
+    b.apply(PoolMetadata([PageCommand(4, 1, PageOp.MAP)]))  # a's unmap credited the ledger
+    granted = b.take_results()
+    assert granted is not None
+    assert granted.done == frozenset({4})
+    a.close()
+    b.close()
