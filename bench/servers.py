@@ -28,9 +28,9 @@ from typing import Any
 import httpx
 
 from bench.common import ttft_percentiles
+from kvpool.units import parse_bytes
 
 LIMIT, VIRTUAL = "512Mi", "2Gi"
-MiB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -74,19 +74,16 @@ def start(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = Non
     raise RuntimeError("server did not start")
 
 
-def _stock(model: str, name: str, port: int) -> tuple[list[str], dict[str, str]]:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name",
-           name, "--port", str(port), "--max-model-len", "2048", "--enforce-eager"]  # fmt: skip
-    return cmd, {}
+def _stock_cmd(model: str, name: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--served-model-name",
+            name, "--port", str(port), "--max-model-len", "2048", "--enforce-eager"]  # fmt: skip
 
 
 def _connector(model: str, name: str, port: int) -> tuple[list[str], dict[str, str]]:
-    from kvpool.units import parse_bytes
     from kvpool.vllm.launch.args import PoolEngineConfig
 
     pool = PoolEngineConfig(model=model, limit_bytes=parse_bytes(LIMIT), virtual_bytes=parse_bytes(VIRTUAL))
-    cmd, _ = _stock(model, name, port)
-    return cmd + pool.cli_args(), pool.env()
+    return _stock_cmd(model, name, port) + pool.cli_args(), pool.env()
 
 
 def _kvpool(virtual: str) -> Callable[[str, str, int], tuple[list[str], dict[str, str]]]:
@@ -98,8 +95,14 @@ def _kvpool(virtual: str) -> Callable[[str, str, int], tuple[list[str], dict[str
 
 
 def _stock_sized(model: str, name: str, port: int) -> tuple[list[str], dict[str, str]]:
-    cmd, _ = _stock(model, name, port)
-    return [*cmd, "--block-size", "32", "--kv-cache-memory-bytes", str(512 * MiB)], {}
+    """Stock vLLM with the pool's block size and its KV cache the size of the pool's limit."""
+    return [
+        *_stock_cmd(model, name, port),
+        "--block-size",
+        "32",
+        "--kv-cache-memory-bytes",
+        str(parse_bytes(LIMIT)),
+    ], {}
 
 
 VARIANTS: dict[str, Callable[[str, str, int], tuple[list[str], dict[str, str]]]] = {

@@ -111,10 +111,13 @@ class Ledger:
             except FileNotFoundError:
                 state = {"budget_bytes": 0, "owners": {}}
             state["owners"] = {k: v for k, v in state["owners"].items() if k == self.owner or self._alive(k)}
+            before = json.dumps(state, sort_keys=True)
             new = change(state)
-            tmp = self.path.with_name(f"{self.path.name}.{self.owner}.tmp")
-            tmp.write_text(json.dumps(new, sort_keys=True))
-            os.replace(tmp, self.path)
+            after = json.dumps(new, sort_keys=True)
+            if after != before:  # a read, or a credit of nothing, writes nothing
+                tmp = self.path.with_name(f"{self.path.name}.{self.owner}.tmp")
+                tmp.write_text(after)
+                os.replace(tmp, self.path)
             return dict(new)
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)

@@ -63,7 +63,6 @@ class WorkerSide:
         self._done: set[int] = set()
         self._failed: dict[int, str] = {}
         self._mapped: set[PageId] = set()
-        self._page_bytes = geometry.page_physical_bytes
         self._refused_logged = float("-inf")
         # every map debits the node ledger first and every unmap credits it (kvpool.ledger)
         self._ledger = (
@@ -113,18 +112,18 @@ class WorkerSide:
                 self.backend.unmap(r.offset, r.length)
             self._mapped.discard(page)
             if self._ledger:
-                self._ledger.credit(self._page_bytes)
+                self._ledger.credit(self.geometry.page_physical_bytes)
 
     def _apply_map(self, page: PageId) -> None:
         if page in self._mapped:
             return
         if self._ledger:
-            self._ledger.debit(self._page_bytes)  # PoolExhausted: refused, reported as a failed map
+            self._ledger.debit(self.geometry.page_physical_bytes)  # PoolExhausted: refused, reported as a failed map
         try:
             self.backend.map_all(self.geometry.page_ranges(page))
         except BaseException:
             if self._ledger:
-                self._ledger.credit(self._page_bytes)
+                self._ledger.credit(self.geometry.page_physical_bytes)
             raise
         self._mapped.add(page)
 
