@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kvpool_operator.policy import Infeasible, Observation, initial_limits, plan
+from kvpool_operator.demand import Memory, plan_demand
+from kvpool_operator.policy import Arbitration, GroupPolicy, Infeasible, Observation, Plan, initial_limits, plan
 from kvpool_operator.pools import AdminAPI, Endpoint, PoolUnreachable
 from kvpool_operator.spec import GroupSpec
 from kvpool_operator.wire import PoolState
@@ -38,6 +39,7 @@ class PodRound:
     snapshots: dict[str, PoolState] = field(default_factory=dict)
     resizes: list[Resize] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  #: unreachable servers, stuck shrinks, bad specs
+    memory: Memory = field(default_factory=Memory)  #: the policy's, for the pod's next round
 
     @property
     def balanced(self) -> bool:
@@ -50,7 +52,16 @@ def observation(snap: PoolState, last_preemptions: int) -> Observation:
         used_bytes=snap.used_bytes,
         waiting_requests=snap.waiting_requests,
         preemptions=max(0, snap.preemptions - last_preemptions),
+        running_requests=snap.running_requests,
     )
+
+
+Arbiter = Callable[[GroupPolicy, Mapping[str, Observation], Memory], tuple[Plan | Infeasible, Memory]]
+#: the seam between a round and its policy: pure functions, chosen by ``spec.rebalance.policy``
+ARBITERS: dict[Arbitration, Arbiter] = {
+    Arbitration.DEMAND: plan_demand,
+    Arbitration.PROPORTIONAL: lambda group, observed, memory: (plan(group, observed), memory),
+}
 
 
 class Balancer:
@@ -62,12 +73,13 @@ class Balancer:
 
     def round(
         self, group: GroupSpec, pod: str, eps: Mapping[str, Endpoint], known: Mapping[str, int],
-        preemptions: Mapping[str, int],
+        preemptions: Mapping[str, int], memory: Memory | None = None,
     ) -> PodRound:  # fmt: skip
         """``known``: last known limit per model (for servers that do not answer; one never reached
         is assumed to hold the limit it was started with); ``preemptions``: each model's
-        preemption counter at the previous round."""
-        out = PodRound(pod)
+        preemption counter at the previous round; ``memory``: the policy's, from the pod's
+        previous round (the result's ``memory`` is the next one's)."""
+        out = PodRound(pod, memory=memory or Memory())
         started = initial_limits(group.policy)
         observed: dict[str, Observation] = {}
         for budget in group.policy.models:
@@ -80,7 +92,7 @@ class Balancer:
             except PoolUnreachable as e:
                 out.problems.append(str(e))
                 observed[name] = Observation(known.get(name, started[name]), 0, reachable=False)
-        result = plan(group.policy, observed)
+        result, out.memory = ARBITERS[group.policy.arbitration](group.policy, observed, out.memory)
         if isinstance(result, Infeasible):
             out.problems.append(result.reason)
             return out

@@ -64,6 +64,8 @@ def _spec_schema() -> dict[str, Any]:
                     "intervalSeconds": {"type": "number", "minimum": 1, "maximum": 3600},
                     "hysteresisBytes": _BYTES,
                     "maxStepBytes": _BYTES,
+                    "minDwellSeconds": {"type": "number", "minimum": 0, "maximum": 86400},
+                    "policy": {"type": "string", "enum": ["demand", "proportional"]},
                 },
             },
         },

@@ -157,7 +157,9 @@ def balance(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: kopf.Me
             for pod, eps in sorted(pods.items()):
                 known = {n: p["limitBytes"] for (pp, n), p in previous.items() if pp == pod and "limitBytes" in p}
                 preempt = {n: p.get("preemptions", 0) for (pp, n), p in previous.items() if pp == pod}
-                rounds.append(balancer.round(group, pod, eps, known, preempt))
+                memory = memo.setdefault("policy_memory", {})  # the policy's, per pod, while this operator lives
+                rounds.append(r := balancer.round(group, pod, eps, known, preempt, memory.get(pod)))
+                memory[pod] = r.memory
         finally:
             client.close()
     metrics.ROUNDS.labels(**labels).inc()

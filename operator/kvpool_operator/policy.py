@@ -1,5 +1,7 @@
-"""The rebalancing policy: one pure function from (group spec, what each pool reported) to new
-limits. No I/O, no clock, no Kubernetes -- tested exhaustively with hypothesis.
+"""The types every rebalancing policy shares, and the proportional policy: one pure function from
+(group spec, what each pool reported) to new limits. No I/O, no clock, no Kubernetes -- tested
+exhaustively with hypothesis. The default policy is ``kvpool_operator.demand``; this one stays
+selectable (``spec.rebalance.policy: proportional``) and is the benchmark's "current policy".
 
     budget  |<- min_a ->|<- min_b ->|<-------- shared by demand -------->|
     targets  min_i + share_i,  share_i ~ weight_i * pressure_i   (water-filled under max_i)
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 
 MiB = 1 << 20
 
@@ -33,12 +36,21 @@ class ModelBudget:
             raise ValueError(f"model {self.name}: weight must be > 0, got {self.weight}")
 
 
+class Arbitration(Enum):
+    """Which policy plans a group's rounds (``spec.rebalance.policy``)."""
+
+    DEMAND = "demand"  #: kvpool_operator.demand: one move a round, where memory is short (default)
+    PROPORTIONAL = "proportional"  #: this module's plan: every limit toward a utilisation share
+
+
 @dataclass(frozen=True)
 class GroupPolicy:
     budget_bytes: int
     models: tuple[ModelBudget, ...]
     hysteresis_bytes: int = 64 * MiB
     max_step_bytes: int = 1 << 30
+    dwell_rounds: int = 5  #: demand policy: a model that grew is not shrunk for this many rounds
+    arbitration: Arbitration = Arbitration.DEMAND
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.models]
@@ -46,6 +58,8 @@ class GroupPolicy:
             raise ValueError(f"model names must be unique, got {names}")
         if self.budget_bytes < 0 or self.hysteresis_bytes < 0 or self.max_step_bytes <= 0:
             raise ValueError("budgetBytes and hysteresisBytes must be >= 0 and maxStepBytes > 0")
+        if self.dwell_rounds < 0:
+            raise ValueError(f"dwell_rounds must be >= 0, got {self.dwell_rounds}")
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,7 @@ class Observation:
     waiting_requests: int = 0
     preemptions: int = 0  #: since the previous round
     reachable: bool = True
+    running_requests: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,8 +100,8 @@ def pressure(obs: Observation) -> float:
     return min(util, 1.0) + min(obs.waiting_requests + obs.preemptions, 8) * 0.5 + 0.05
 
 
-def plan(group: GroupPolicy, observed: Mapping[str, Observation]) -> Plan | Infeasible:
-    """New limits for one rebalancing round (see the module docstring)."""
+def check_feasible(group: GroupPolicy, observed: Mapping[str, Observation]) -> Infeasible | None:
+    """What makes any plan impossible: minimums above the budget, a model not observed."""
     floor = sum(m.min_bytes for m in group.models)
     if floor > group.budget_bytes:
         return Infeasible(
@@ -96,6 +111,14 @@ def plan(group: GroupPolicy, observed: Mapping[str, Observation]) -> Plan | Infe
     missing = [m.name for m in group.models if m.name not in observed]
     if missing:
         return Infeasible(f"no observation for models {missing}")
+    return None
+
+
+def plan(group: GroupPolicy, observed: Mapping[str, Observation]) -> Plan | Infeasible:
+    """New limits for one rebalancing round (see the module docstring)."""
+    problem = check_feasible(group, observed)
+    if problem is not None:
+        return problem
     old = {m.name: observed[m.name].limit_bytes for m in group.models}
     pinned = {m.name for m in group.models if not observed[m.name].reachable}
     free = group.budget_bytes - sum(old[n] for n in pinned)

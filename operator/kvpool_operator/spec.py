@@ -4,7 +4,7 @@ raise it as a ``kopf.PermanentError`` unchanged.
 
     spec:
       gpuMemoryBudgetBytes: 40Gi          # all the group's KV pools together
-      rebalance: {intervalSeconds: 10, hysteresisBytes: 256Mi, maxStepBytes: 4Gi}
+      rebalance: {intervalSeconds: 10, hysteresisBytes: 256Mi, maxStepBytes: 4Gi, policy: demand, minDwellSeconds: 30}
       models:
         - {name: llama, model: /models/llama-3.1-8b, minBytes: 4Gi, maxBytes: 30Gi, weight: 2}
         - {name: qwen,  model: /models/qwen-7b,      minBytes: 4Gi, maxBytes: 30Gi}
@@ -19,11 +19,12 @@ raise it as a ``kopf.PermanentError`` unchanged.
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool_operator.policy import GroupPolicy, ModelBudget
+from kvpool_operator.policy import Arbitration, GroupPolicy, ModelBudget
 
 _UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9}
 QUANTITY_RE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G)?$")
@@ -103,6 +104,8 @@ def parse_group(spec: dict[str, Any]) -> GroupSpec:
         models=tuple(budgets),
         hysteresis_bytes=quantity(reb.get("hysteresisBytes", 64 << 20), "spec.rebalance.hysteresisBytes"),
         max_step_bytes=max(1, quantity(reb.get("maxStepBytes", 1 << 30), "spec.rebalance.maxStepBytes")),
+        dwell_rounds=_dwell_rounds(reb.get("minDwellSeconds", 3 * interval), interval),
+        arbitration=_arbitration(reb.get("policy", Arbitration.DEMAND.value)),
     )
     floor = sum(b.min_bytes for b in budgets)
     if floor > budget:
@@ -111,6 +114,20 @@ def parse_group(spec: dict[str, Any]) -> GroupSpec:
             "lower a minimum or raise the budget"
         )
     return GroupSpec(policy, tuple(models), float(interval), _workload(spec.get("workload") or {}))
+
+
+def _dwell_rounds(dwell: Any, interval: float) -> int:
+    if not isinstance(dwell, (int, float)) or isinstance(dwell, bool) or not 0 <= dwell <= 86400:
+        raise SpecError(f"spec.rebalance.minDwellSeconds: {dwell!r} must be a number of seconds in 0..86400")
+    return math.ceil(dwell / interval)
+
+
+def _arbitration(name: Any) -> Arbitration:
+    try:
+        return Arbitration(name)
+    except ValueError:
+        choices = ", ".join(a.value for a in Arbitration)
+        raise SpecError(f"spec.rebalance.policy: {name!r} is not a policy; use one of {choices}") from None
 
 
 def _workload(raw: Any) -> Workload:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from kvpool_operator.balance import Balancer
@@ -62,12 +63,16 @@ class Clock:
         self.on_sleep(self.sleeps)
 
 
-def group() -> GroupSpec:
-    return parse_group({
+def _raw() -> dict[str, Any]:
+    return {
         "gpuMemoryBudgetBytes": "32Mi",
         "models": [{"name": m, "model": f"/models/{m}", "minBytes": "4Mi", "maxBytes": "28Mi"} for m in "ab"],
         "rebalance": {"hysteresisBytes": "1Mi", "maxStepBytes": "8Mi"},
-    })  # fmt: skip
+    }
+
+
+def group() -> GroupSpec:
+    return parse_group(_raw())
 
 
 @pytest.fixture
@@ -90,7 +95,14 @@ def fragment(pool: KVPool) -> list[int]:
 BUSY = {"a": DemandStats(4, 8, 0), "b": DemandStats(0, 0, 0)}
 
 
+def fill(pool: KVPool) -> None:
+    """Every block within the limit in use: with requests waiting, the pool is short of memory."""
+    snap = pool.snapshot()
+    pool.allocate(snap.limit_bytes // snap.block_bytes - 1 - snap.used_blocks)  # the null block is never handed out
+
+
 def test_the_shrink_is_applied_before_the_grant_and_the_budget_holds(pools: dict[str, KVPool]) -> None:
+    fill(pools["a"])
     held = fragment(pools["b"])
     clock = Clock(on_sleep=lambda n: pools["b"].free(held[len(held) // 2 :]) if n == 3 else None)
     admin = FakeAdmin(pools, BUSY)
@@ -105,6 +117,7 @@ def test_the_shrink_is_applied_before_the_grant_and_the_budget_holds(pools: dict
 
 
 def test_a_shrink_that_stays_deferred_holds_the_grant_back(pools: dict[str, KVPool]) -> None:
+    fill(pools["a"])
     fragment(pools["b"])  # its blocks are never freed
     clock = Clock()
     r = Balancer(FakeAdmin(pools, BUSY), wait_s=2, clock=clock, sleep=clock.sleep).round(group(), POD, EPS, {}, {})
@@ -117,6 +130,7 @@ def test_a_shrink_that_stays_deferred_holds_the_grant_back(pools: dict[str, KVPo
 
 
 def test_a_server_that_does_not_answer_keeps_its_limit_and_degrades_the_round(pools: dict[str, KVPool]) -> None:
+    fill(pools["a"])
     admin = FakeAdmin(pools, BUSY)
     admin.down.add("b")
     clock = Clock()
@@ -125,3 +139,32 @@ def test_a_server_that_does_not_answer_keeps_its_limit_and_degrades_the_round(po
     assert pools["b"].snapshot().limit_bytes == 16 * MiB
     assert pools["a"].snapshot().limit_bytes <= 32 * MiB - 16 * MiB  # b's known limit stays counted
     assert any("ConnectError" in p for p in r.problems)
+
+
+def test_revisions_stay_monotonic_across_an_operator_restart_with_a_clock_behind(pools: dict[str, KVPool]) -> None:
+    fill(pools["a"])
+    admin = FakeAdmin(pools, BUSY)
+    first = Balancer(admin, wait_s=2, clock=Clock(), sleep=lambda _: None).round(group(), POD, EPS, {}, {})
+    assert first.resizes
+    assert all(z.status == "applied" for z in first.resizes)
+    seen = pools["a"].snapshot().pending.revision
+    behind = Clock()
+    behind.t -= 3600  # the restarted operator's node clock runs an hour behind
+    fill(pools["a"])  # short again at its new limit
+    again = Balancer(admin, wait_s=2, clock=behind, sleep=behind.sleep).round(group(), POD, EPS, {}, {})
+    assert all(z.status != "stale" for z in again.resizes)
+    assert pools["a"].snapshot().pending.revision >= seen
+    assert sum(p.snapshot().limit_bytes for p in pools.values()) <= 32 * MiB
+
+
+def test_the_policy_is_chosen_by_the_spec_and_its_memory_carries_to_the_next_round(pools: dict[str, KVPool]) -> None:
+    fill(pools["a"])
+    spec = group()
+    proportional = parse_group({**_raw(), "rebalance": {**_raw()["rebalance"], "policy": "proportional"}})
+    admin = FakeAdmin(pools, {"a": DemandStats(4, 0, 0), "b": DemandStats(0, 0, 0)})  # full, nothing waits
+    demand = Balancer(admin, wait_s=2, clock=Clock(), sleep=lambda _: None).round(spec, POD, EPS, {}, {})
+    assert demand.resizes == []  # full but nobody waits: not short of memory, nothing moves
+    assert demand.memory.round == 1
+    assert demand.memory.models["a"].working_set > 0
+    moved = Balancer(admin, wait_s=2, clock=Clock(), sleep=lambda _: None).round(proportional, POD, EPS, {}, {})
+    assert [z.model for z in moved.resizes] == ["b", "a"]  # utilisation alone moves it

@@ -1,0 +1,148 @@
+"""The demand policy: move memory only where it hurts now, one move per round, never below what
+a model is using. Pure: (group, observations, memory of earlier rounds) -> (plan, new memory).
+
+Why not utilisation (the proportional policy, ``kvpool_operator.policy.plan``): a pool fills up
+under any load, so utilisation says "busy", not "short of memory"; acting on it moved limits
+8 -> 12 -> 8 MiB in consecutive rounds. Here a model is *short* when requests wait while its pool
+is nearly full (waiting with room to spare means the engine is short of compute, not memory) or
+when it preempted; its *need* is what it holds plus what its waiting requests would hold:
+
+    need_i   = max(working set, EWMA of (used + waiting x bytes per running request)) x 1.1
+    target_i = water-fill of the budget by need (weights break contention; min/max hold)
+    a move   = donor -> recipient, at most max_step, at least hysteresis:
+               recipient: the short model furthest below its target (free budget first)
+               donor:     the model furthest above its target, that has not grown for
+                          ``dwell_rounds`` -- and never below its target, so never below its
+                          working set unless the budget is contested
+
+Fast grow, slow shrink: the EWMA rises at once (alpha 0.7) and decays slowly (0.15); the working
+set decays 10% a round. Objective: the distance of the limits from the water-filled targets
+(the max-min fair split of need), sum |limit - target|. A move takes at most the donor's excess
+over its target and gives at most the recipient's shortfall, so every move lowers it by twice
+the bytes moved (once from free budget); a round with no such move worth the hysteresis plans
+nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from kvpool_operator.policy import GroupPolicy, Infeasible, ModelBudget, Observation, Plan, check_feasible
+
+RISE, DECAY, WORKING_SET_DECAY, HEADROOM = 0.7, 0.15, 0.9, 1.1
+FULL = 0.75  #: a pool this full with requests waiting is short of memory
+
+
+@dataclass(frozen=True)
+class ModelMemory:
+    """What the policy remembers of one model between rounds."""
+
+    need_ewma: float = 0.0
+    working_set: float = 0.0
+    per_request: float = 0.0  #: bytes a running request holds (EWMA); 0 until one ran
+    last_grow: int = -(10**9)  #: round of the latest grant
+
+
+@dataclass(frozen=True)
+class Memory:
+    round: int = 0
+    models: Mapping[str, ModelMemory] = field(default_factory=dict)
+
+
+def short_of_memory(obs: Observation) -> bool:
+    return obs.preemptions > 0 or (obs.waiting_requests > 0 and obs.used_bytes >= FULL * obs.limit_bytes)
+
+
+def remember(prev: ModelMemory, obs: Observation) -> ModelMemory:
+    """Fold one observation into a model's memory."""
+    per = prev.per_request
+    if obs.running_requests > 0 and obs.used_bytes > 0:
+        now = obs.used_bytes / obs.running_requests
+        per = now if per == 0 else 0.5 * per + 0.5 * now
+    wanted = obs.used_bytes + (obs.waiting_requests + obs.preemptions) * per if short_of_memory(obs) else obs.used_bytes
+    alpha = RISE if wanted > prev.need_ewma else DECAY
+    need = prev.need_ewma + alpha * (wanted - prev.need_ewma)
+    working = max(float(obs.used_bytes), prev.working_set * WORKING_SET_DECAY)
+    return replace(prev, need_ewma=need, working_set=working, per_request=per)
+
+
+def need(m: ModelBudget, mem: ModelMemory) -> int:
+    return max(m.min_bytes, min(m.max_bytes, int(max(mem.working_set, mem.need_ewma) * HEADROOM)))
+
+
+def targets(models: list[ModelBudget], needs: Mapping[str, int], budget: int) -> dict[str, int]:
+    """Everyone's need if the budget allows; otherwise minimums first, then the rest by weight,
+    no one above its need (what one cannot use goes to the others)."""
+    out = {m.name: m.min_bytes for m in models}
+    left = budget - sum(out.values())
+    open_ = [m for m in models if needs[m.name] > out[m.name]]
+    while left > 0 and open_:
+        total = sum(m.weight for m in open_)
+        given, capped = 0, []
+        for m in open_:
+            take = min(int(left * m.weight / total), needs[m.name] - out[m.name])
+            out[m.name] += take
+            given += take
+            if out[m.name] >= needs[m.name]:
+                capped.append(m)
+        left -= given
+        open_ = [m for m in open_ if m not in capped]
+        if not capped:
+            break  # rounding leftovers only
+    return out
+
+
+def plan_demand(
+    group: GroupPolicy, observed: Mapping[str, Observation], memory: Memory
+) -> tuple[Plan | Infeasible, Memory]:
+    """One round: remember, then at most one move (see the module docstring)."""
+    problem = check_feasible(group, observed)
+    if problem is not None:
+        return problem, memory
+    now = memory.round + 1
+    mems = {m.name: remember(memory.models.get(m.name, ModelMemory()), observed[m.name]) for m in group.models}
+    old = {m.name: observed[m.name].limit_bytes for m in group.models}
+    active = [m for m in group.models if observed[m.name].reachable]
+    pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
+    target = targets(active, {m.name: need(m, mems[m.name]) for m in active}, group.budget_bytes - pinned)
+    new = dict(old)
+    move = _one_move(group, active, observed, target, mems, now, group.budget_bytes - sum(old.values()))
+    if move is not None:
+        donor, recipient, amount = move
+        if donor is not None:
+            new[donor] -= amount
+        new[recipient] += amount
+        mems[recipient] = replace(mems[recipient], last_grow=now)
+    shrinks = tuple(n for n in new if new[n] < old[n])
+    grows = tuple(n for n in new if new[n] > old[n])
+    return Plan(new, shrinks, grows), Memory(now, mems)
+
+
+def _one_move(
+    group: GroupPolicy, active: list[ModelBudget], observed: Mapping[str, Observation], target: Mapping[str, int],
+    mems: Mapping[str, ModelMemory], now: int, free: int,
+) -> tuple[str | None, str, int] | None:  # fmt: skip
+    """(donor or None for free budget, recipient, bytes), or None when no move is worth it."""
+    limit = {m.name: observed[m.name].limit_bytes for m in active}
+    short = [m for m in active if short_of_memory(observed[m.name]) and target[m.name] > limit[m.name]]
+    out_of_bounds = [m for m in active if limit[m.name] < m.min_bytes]
+    wanting = out_of_bounds or short
+    if not wanting:
+        return None
+    recipient = max(wanting, key=lambda m: (target[m.name] - limit[m.name]) * m.weight)
+    deficit = min(target[recipient.name], recipient.max_bytes) - limit[recipient.name]
+    grant = min(deficit, free, group.max_step_bytes)
+    if free > 0 and (grant >= group.hysteresis_bytes or grant == deficit):
+        return None, recipient.name, grant
+    donors = [
+        m for m in active
+        if m is not recipient and limit[m.name] > target[m.name] and now - mems[m.name].last_grow > group.dwell_rounds
+    ]  # fmt: skip
+    if not donors:
+        return None
+    donor = max(donors, key=lambda m: limit[m.name] - target[m.name])
+    amount = min(deficit, limit[donor.name] - target[donor.name], group.max_step_bytes)
+    if amount < group.hysteresis_bytes and limit[recipient.name] >= recipient.min_bytes:
+        return None
+    return donor.name, recipient.name, max(0, amount)

@@ -1,0 +1,178 @@
+"""The demand policy (pure): the budget and every bound hold, at most one move a round and only
+toward a model short of memory, a donor never below its need unless the budget is contested, a
+steady load stops moving memory (no flapping), a burst gets memory within rounds, and every move
+lowers the modelled objective (the distance from the fair targets)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kvpool_operator.demand import Memory, need, plan_demand, short_of_memory, targets
+from kvpool_operator.policy import GroupPolicy, Infeasible, ModelBudget, Observation, Plan
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Load:
+    """One model's load in one round; its observation follows from the limit the plans left."""
+
+    fill: float  #: used / limit
+    running: int
+    waiting: int
+    preemptions: int
+    reachable: bool
+
+    def observe(self, limit: int) -> Observation:
+        return Observation(limit, int(limit * self.fill), self.waiting, self.preemptions, self.reachable, self.running)
+
+
+Rounds = list[dict[str, Load]]
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[GroupPolicy, Rounds]:
+    n = draw(st.integers(1, 4))
+    budget = draw(st.integers(64, 2048)) * MiB
+    models = []
+    for i in range(n):
+        lo = draw(st.integers(0, budget // n // MiB)) * MiB
+        models.append(ModelBudget(f"m{i}", lo, lo + draw(st.integers(0, 2048)) * MiB, draw(st.floats(0.1, 10))))
+    group = GroupPolicy(budget, tuple(models), draw(st.integers(0, 64)) * MiB, draw(st.integers(1, 512)) * MiB,
+                        dwell_rounds=draw(st.integers(0, 5)))  # fmt: skip
+    load = st.builds(Load, st.floats(0, 1), st.integers(0, 20), st.integers(0, 8), st.integers(0, 3), st.booleans())
+    rounds = [{m.name: draw(load) for m in models} for _ in range(draw(st.integers(1, 6)))]
+    return group, rounds
+
+
+def starting_limits(group: GroupPolicy) -> dict[str, int]:
+    """Every minimum, then half of what each may take beyond it while the budget lasts."""
+    room = group.budget_bytes - sum(m.min_bytes for m in group.models)
+    out = {}
+    for m in group.models:
+        extra = min(room, m.max_bytes - m.min_bytes) // 2
+        out[m.name] = m.min_bytes + extra
+        room -= extra
+    return out
+
+
+def observe(limits: dict[str, int], loads: dict[str, Load]) -> dict[str, Observation]:
+    return {n: load.observe(limits[n]) for n, load in loads.items()}
+
+
+def objective(group: GroupPolicy, observed: dict[str, Observation], memory: Memory, limits: dict[str, int]) -> int:
+    """The policy's objective: how far the limits are from the water-filled targets."""
+    active = [m for m in group.models if observed[m.name].reachable]
+    pinned = sum(limits[m.name] for m in group.models if not observed[m.name].reachable)
+    target = targets(active, {m.name: need(m, memory.models[m.name]) for m in active}, group.budget_bytes - pinned)
+    return sum(abs(limits[m.name] - target[m.name]) for m in active)
+
+
+@settings(max_examples=300, deadline=None)
+@given(scenarios())
+def test_the_budget_and_bounds_hold_with_at_most_one_move_toward_a_short_model(
+    case: tuple[GroupPolicy, Rounds],
+) -> None:
+    group, rounds = case
+    limits, memory = starting_limits(group), Memory()
+    for loads in rounds:
+        observed = observe(limits, loads)
+        result, memory = plan_demand(group, observed, memory)
+        assert isinstance(result, Plan)
+        assert sum(result.limits.values()) <= group.budget_bytes
+        assert len(result.shrinks) <= 1
+        assert len(result.grows) <= 1
+        assert set(result.shrinks).isdisjoint(result.grows)
+        for m in group.models:
+            new, old, obs = result.limits[m.name], limits[m.name], observed[m.name]
+            assert m.min_bytes <= new <= m.max_bytes
+            assert abs(new - old) <= group.max_step_bytes
+            if new > old:
+                assert obs.reachable
+                assert short_of_memory(obs) or old < m.min_bytes
+            if not obs.reachable:
+                assert new == old
+        if result.grows:  # every move brings the limits closer to the fair targets
+            assert objective(group, observed, memory, result.limits) < objective(group, observed, memory, limits)
+        limits = result.limits
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios())
+def test_a_donor_keeps_its_need_while_the_budget_covers_every_need(
+    case: tuple[GroupPolicy, Rounds],
+) -> None:
+    group, rounds = case
+    limits, memory = starting_limits(group), Memory()
+    for loads in rounds:
+        observed = observe(limits, loads)
+        result, memory = plan_demand(group, observed, memory)
+        assert isinstance(result, Plan)
+        needs = {m.name: need(m, memory.models[m.name]) for m in group.models}
+        if sum(needs.values()) <= group.budget_bytes:
+            for name in result.shrinks:
+                assert result.limits[name] >= needs[name]
+        limits = result.limits
+
+
+def two_models(dwell: int = 3) -> GroupPolicy:
+    return GroupPolicy(64 * MiB, (ModelBudget("a", 8 * MiB, 56 * MiB), ModelBudget("b", 8 * MiB, 56 * MiB)),
+                       hysteresis_bytes=2 * MiB, max_step_bytes=16 * MiB, dwell_rounds=dwell)  # fmt: skip
+
+
+def run(group: GroupPolicy, load: dict[str, int], rounds: int, limits: dict[str, int],
+        memory: Memory | None = None) -> tuple[dict[str, int], Memory, int]:  # fmt: skip
+    """``load``: model -> requests in the engine; each holds 2 MiB, those that do not fit wait."""
+    memory, moves = memory or Memory(), 0
+    for _ in range(rounds):
+        observed = {}
+        for n, want in load.items():
+            running = min(want, limits[n] // (2 * MiB))
+            observed[n] = Observation(limits[n], 2 * MiB * running, want - running, running_requests=running)
+        result, memory = plan_demand(group, observed, memory)
+        assert isinstance(result, Plan)
+        moves += bool(result.grows)
+        limits = result.limits
+    return limits, memory, moves
+
+
+def test_a_burst_gets_memory_within_rounds_and_the_idle_model_keeps_its_working_set() -> None:
+    group = two_models()
+    limits, _, _ = run(group, {"a": 28, "b": 3}, 6, {"a": 32 * MiB, "b": 32 * MiB})
+    assert limits["a"] >= 48 * MiB
+    assert limits["b"] >= int(3 * 2 * MiB * 1.1)  # its 3 running requests keep their room
+
+
+def test_a_steady_load_stops_moving_memory() -> None:
+    group = two_models()
+    limits, memory, first = run(group, {"a": 26, "b": 4}, 10, {"a": 32 * MiB, "b": 32 * MiB})
+    _, _, later = run(group, {"a": 26, "b": 4}, 60, limits, memory)
+    assert first >= 1
+    assert later == 0
+
+
+def test_a_model_that_just_grew_is_not_shrunk_within_its_dwell() -> None:
+    group = two_models(dwell=4)
+    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
+    before = limits["a"]
+    after, _, _ = run(group, {"a": 0, "b": 26}, 2, limits, memory)
+    assert after["a"] == before  # the load moved to b at once, but a keeps its grant for a while
+    later, _, _ = run(group, {"a": 0, "b": 26}, 12, limits, memory)
+    assert later["a"] < before
+    assert later["b"] > limits["b"]
+
+
+def test_two_short_models_converge_to_their_weighted_shares() -> None:
+    group = two_models()
+    limits, _, _ = run(group, {"a": 40, "b": 40}, 30, {"a": 48 * MiB, "b": 16 * MiB})
+    assert abs(limits["a"] - limits["b"]) <= group.hysteresis_bytes + MiB
+
+
+def test_minimums_above_the_budget_are_infeasible_and_memory_is_unchanged() -> None:
+    group = GroupPolicy(8 * MiB, (ModelBudget("a", 6 * MiB, 8 * MiB), ModelBudget("b", 6 * MiB, 8 * MiB)))
+    result, memory = plan_demand(group, {n: Observation(4 * MiB, 0) for n in "ab"}, Memory())
+    assert isinstance(result, Infeasible)
+    assert "minBytes" in result.reason
+    assert memory == Memory()
