@@ -3,9 +3,10 @@ a model is using. Pure: (group, observations, memory of earlier rounds) -> (plan
 
 Why not utilisation (the proportional policy, ``kvpool_operator.policy.plan``): a pool fills up
 under any load, so utilisation says "busy", not "short of memory"; acting on it moved limits
-8 -> 12 -> 8 MiB in consecutive rounds. Here a model is *short* when requests wait while its pool
-is nearly full (waiting with room to spare means the engine is short of compute, not memory) or
-when it preempted; its *need* is what it holds plus what its waiting requests would hold:
+8 -> 12 -> 8 MiB in consecutive rounds. Here a model is *short* when requests wait and its pool
+cannot take one more (nothing runs, or less than a request's bytes is left) or when it preempted
+-- waiting beside room to spare means the engine is short of compute, not memory; its *need* is
+what it holds plus what its waiting requests would hold:
 
     need_i   = max(working set, EWMA of (used + waiting x bytes per running request)) x 1.1
     target_i = water-fill of the budget by need (weights break contention; min/max hold)
@@ -50,17 +51,28 @@ class Memory:
     models: Mapping[str, ModelMemory] = field(default_factory=dict)
 
 
-def short_of_memory(obs: Observation) -> bool:
-    return obs.preemptions > 0 or (obs.waiting_requests > 0 and obs.used_bytes >= FULL * obs.limit_bytes)
+def short_of_memory(obs: Observation, per_request: float) -> bool:
+    """Requests wait and the pool cannot take one more -- nothing runs, or the room left is under
+    one request's bytes or a quarter of the limit -- or the engine preempted. Requests waiting
+    beside room to spare mean the engine is short of compute, not memory."""
+    if obs.preemptions > 0:
+        return True
+    if obs.waiting_requests == 0:
+        return False
+    room = obs.limit_bytes - obs.used_bytes
+    return obs.running_requests == 0 or room < max(per_request, (1 - FULL) * obs.limit_bytes)
 
 
-def remember(prev: ModelMemory, obs: Observation) -> ModelMemory:
-    """Fold one observation into a model's memory."""
+def remember(prev: ModelMemory, obs: Observation, default_per_request: float) -> ModelMemory:
+    """Fold one observation into a model's memory. Until a request of its own has run, a model's
+    requests are assumed to be ``default_per_request`` bytes (the group's largest seen)."""
     per = prev.per_request
     if obs.running_requests > 0 and obs.used_bytes > 0:
         now = obs.used_bytes / obs.running_requests
         per = now if per == 0 else 0.5 * per + 0.5 * now
-    wanted = obs.used_bytes + (obs.waiting_requests + obs.preemptions) * per if short_of_memory(obs) else obs.used_bytes
+    assumed = per or default_per_request
+    short = short_of_memory(obs, assumed)
+    wanted = obs.used_bytes + (obs.waiting_requests + obs.preemptions) * assumed if short else obs.used_bytes
     alpha = RISE if wanted > prev.need_ewma else DECAY
     need = prev.need_ewma + alpha * (wanted - prev.need_ewma)
     working = max(float(obs.used_bytes), prev.working_set * WORKING_SET_DECAY)
@@ -101,13 +113,15 @@ def plan_demand(
     if problem is not None:
         return problem, memory
     now = memory.round + 1
-    mems = {m.name: remember(memory.models.get(m.name, ModelMemory()), observed[m.name]) for m in group.models}
+    seen = [mem.per_request for mem in memory.models.values() if mem.per_request > 0]
+    default = max(seen, default=group.budget_bytes / (4 * len(group.models)))
+    mems = {m.name: remember(memory.models.get(m.name, ModelMemory()), observed[m.name], default) for m in group.models}
     old = {m.name: observed[m.name].limit_bytes for m in group.models}
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
     target = targets(active, {m.name: need(m, mems[m.name]) for m in active}, group.budget_bytes - pinned)
     new = dict(old)
-    move = _one_move(group, active, observed, target, mems, now, group.budget_bytes - sum(old.values()))
+    move = _one_move(group, active, observed, target, mems, now, group.budget_bytes - sum(old.values()), default)
     if move is not None:
         donor, recipient, amount = move
         if donor is not None:
@@ -121,11 +135,14 @@ def plan_demand(
 
 def _one_move(
     group: GroupPolicy, active: list[ModelBudget], observed: Mapping[str, Observation], target: Mapping[str, int],
-    mems: Mapping[str, ModelMemory], now: int, free: int,
+    mems: Mapping[str, ModelMemory], now: int, free: int, default: float,
 ) -> tuple[str | None, str, int] | None:  # fmt: skip
     """(donor or None for free budget, recipient, bytes), or None when no move is worth it."""
     limit = {m.name: observed[m.name].limit_bytes for m in active}
-    short = [m for m in active if short_of_memory(observed[m.name]) and target[m.name] > limit[m.name]]
+    short = [
+        m for m in active
+        if short_of_memory(observed[m.name], mems[m.name].per_request or default) and target[m.name] > limit[m.name]
+    ]  # fmt: skip
     out_of_bounds = [m for m in active if limit[m.name] < m.min_bytes]
     wanting = out_of_bounds or short
     if not wanting:

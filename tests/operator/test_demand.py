@@ -91,7 +91,7 @@ def test_the_budget_and_bounds_hold_with_at_most_one_move_toward_a_short_model(
             assert abs(new - old) <= group.max_step_bytes
             if new > old:
                 assert obs.reachable
-                assert short_of_memory(obs) or old < m.min_bytes
+                assert short_of_memory(obs, memory.models[m.name].per_request or 1) or old < m.min_bytes
             if not obs.reachable:
                 assert new == old
         if result.grows:  # every move brings the limits closer to the fair targets
@@ -110,8 +110,9 @@ def test_a_donor_keeps_its_need_while_the_budget_covers_every_need(
         observed = observe(limits, loads)
         result, memory = plan_demand(group, observed, memory)
         assert isinstance(result, Plan)
-        needs = {m.name: need(m, memory.models[m.name]) for m in group.models}
-        if sum(needs.values()) <= group.budget_bytes:
+        needs = {m.name: need(m, memory.models[m.name]) for m in group.models if observed[m.name].reachable}
+        pinned = sum(limits[m.name] for m in group.models if not observed[m.name].reachable)  # they keep their limits
+        if sum(needs.values()) <= group.budget_bytes - pinned:
             for name in result.shrinks:
                 assert result.limits[name] >= needs[name]
         limits = result.limits
@@ -176,3 +177,18 @@ def test_minimums_above_the_budget_are_infeasible_and_memory_is_unchanged() -> N
     assert isinstance(result, Infeasible)
     assert "minBytes" in result.reason
     assert memory == Memory()
+
+
+def test_a_model_whose_limit_holds_no_request_still_gets_memory() -> None:
+    """Nothing runs and everything waits, with the pool almost empty: short of memory, not of
+    compute (the benchmark once starved a model this way at its minimum)."""
+    group = two_models()
+    limits, _, _ = run(group, {"a": 40, "b": 0}, 8, {"a": 32 * MiB, "b": 32 * MiB})
+    tiny = {"a": limits["a"], "b": group.models[1].min_bytes}
+    tiny["a"] = min(tiny["a"], group.budget_bytes - tiny["b"])
+    # b's requests are 3 MiB each here: its minimum (8 MiB) holds two, the rest wait
+    observed = {"a": Observation(tiny["a"], tiny["a"], 10, running_requests=20),
+                "b": Observation(tiny["b"], 0, 200, running_requests=0)}  # fmt: skip
+    result, _ = plan_demand(group, observed, Memory())
+    assert isinstance(result, Plan)
+    assert result.grows == ("b",)
