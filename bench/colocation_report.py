@@ -1,5 +1,7 @@
-"""The colocation benchmark's report: per-model and overall figures, elastic / static ratios as a
-Markdown table, the JSON result, and two PNGs (memory over time with the load; TTFT CDF)."""
+"""The colocation benchmark's report: per workload, one table with every configuration side by
+side (overall, ratios to static of the same tier setting), one of each model's p99 TTFT, compute
+saturation, the issue's goals checked, the JSON result, and two PNGs per workload (memory per
+model over time with the load; TTFT CDF per configuration)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 MiB = 1 << 20
+COLUMNS = ("ttft_p50_s", "ttft_p99_s", "latency_p99_s", "throughput_tok_s", "preemptions", "failed",
+           "resizes_per_model_min", "mib_mapped")  # fmt: skip
 
 
 def pct(values: list[float], q: float) -> float:
@@ -19,84 +23,145 @@ def summarize(run: dict[str, Any], model: str | None) -> dict[str, float]:
     outs = [o for o in run["outcomes"] if model is None or o["model"] == model]
     ok = [o for o in outs if o["ok"]]
     ttft, lat = [o["ttft_s"] for o in ok], [o["latency_s"] for o in ok]
-    finals = [f for m, f in run["final"].items() if model is None or m == model]
-    resizes = [z for r in run["rounds"] for z in r["resizes"] if model is None or z["model"] == model]
-    moving = [r["seconds"] for r in run["rounds"] if r["resizes"]]  # rounds that resized: incl. shrink waits
+    models = [m for m in run["final"] if model is None or m == model]
+    resizes = [z for r in run["rounds"] for z in r["resizes"] if z["model"] in models]
+    mapped = 0
+    for prev, cur in zip(run["samples"], run["samples"][1:], strict=False):
+        mapped += sum(max(0, cur[m]["physical"] - prev[m]["physical"]) for m in models)
     return {
         "requests": len(outs), "failed": len(outs) - len(ok),
-        "ttft_p50_s": pct(ttft, 0.5), "ttft_p99_s": pct(ttft, 0.99),
-        "latency_p50_s": pct(lat, 0.5), "latency_p99_s": pct(lat, 0.99),
+        "ttft_p50_s": pct(ttft, 0.5), "ttft_p99_s": pct(ttft, 0.99), "latency_p99_s": pct(lat, 0.99),
         "throughput_tok_s": sum(o["tokens"] for o in ok) / run["wall_s"],
-        "preemptions": sum(f["demand"]["preemptions"] for f in finals),
-        "resizes": len(resizes),
-        "resize_round_p50_s": pct(moving, 0.5) if moving else 0.0,
-        "tier_hits": sum((f.get("offload") or {}).get("hits", 0) for f in finals),
+        "preemptions": sum(run["final"][m]["demand"]["preemptions"] for m in models),
+        "resizes_per_model_min": len(resizes) / len(models) / (run["wall_s"] / 60),
+        "mib_mapped": mapped / MiB,
+        "tier_hits": sum((run["final"][m].get("offload") or {}).get("hits", 0) for m in models),
+        "cpu_utilisation": sum(run["cpu_utilisation"][m] for m in models) / len(models),
+        "max_waiting": max((s[m]["waiting"] for s in run["samples"] for m in models), default=0),
+        "drain_s": run["wall_s"] - run["duration_s"],
     }  # fmt: skip
 
 
-def table(summary: dict[str, dict[str, dict[str, float]]]) -> str:
-    keys = ["ttft_p50_s", "ttft_p99_s", "latency_p50_s", "latency_p99_s", "throughput_tok_s", "preemptions",
-            "failed", "resizes", "resize_round_p50_s", "tier_hits"]  # fmt: skip
-    lines = ["| scope | metric | static | elastic | elastic / static |", "|---|---|---|---|---|"]
-    for scope in summary["static"]:
-        for k in keys:
-            s, e = summary["static"][scope][k], summary["elastic"][scope][k]
-            ratio = f"{e / s:.2f}x" if s else "-"
-            lines.append(f"| {scope} | {k} | {s:.4g} | {e:.4g} | {ratio} |")
+def baseline(config: str) -> str:
+    return "static+tier" if config.endswith("+tier") else "static"
+
+
+def ratio(x: float, base: float) -> str:
+    return f" ({x / base:.2f}x)" if base and base == base and x == x else ""
+
+
+def tables(name: str, summary: dict[str, dict[str, dict[str, float]]]) -> str:
+    models = [s for s in next(iter(summary.values())) if s != "overall"]
+    head = "| config | " + " | ".join(COLUMNS) + " |"
+    lines = [f"#### {name}", "", head, "|---" * (len(COLUMNS) + 1) + "|"]
+    for config, scopes in summary.items():
+        base = summary.get(baseline(config), {}).get("overall", {})
+        cells = [f"{scopes['overall'][k]:.3g}" + (ratio(scopes["overall"][k], base.get(k, 0)) if k in COLUMNS[:4]
+                 else "") for k in COLUMNS]  # fmt: skip
+        lines.append(f"| {config} | " + " | ".join(cells) + " |")
+    lines += ["", "| config | " + " | ".join(f"{m} ttft_p99_s" for m in models) + " | cpu util / engine |"
+              " max waiting | drain s |", "|---" * (len(models) + 4) + "|"]  # fmt: skip
+    for config, scopes in summary.items():
+        base = summary.get(baseline(config), {})
+        per = [f"{scopes[m]['ttft_p99_s']:.3g}" + ratio(scopes[m]["ttft_p99_s"], base.get(m, {}).get("ttft_p99_s", 0))
+               for m in models]  # fmt: skip
+        o = scopes["overall"]
+        lines.append(f"| {config} | " + " | ".join(per) +
+                     f" | {o['cpu_utilisation']:.2f} | {o['max_waiting']:.0f} | {o['drain_s']:.1f} |")  # fmt: skip
     return "\n".join(lines)
 
 
-def plots(results: dict[str, Any], out: Path) -> list[str]:
+def goals(name: str, summary: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """The issue's goals for the demand policy, each with its figure and whether it is met."""
+    out = []
+    for cfg in ("demand", "demand+tier"):
+        if cfg not in summary or baseline(cfg) not in summary:
+            continue
+        ours, static = summary[cfg], summary[baseline(cfg)]
+        models = [m for m in ours if m != "overall"]
+        if name == "steady":
+            worst = max(ours[m]["resizes_per_model_min"] for m in models)
+            out.append(f"{name}/{cfg}: resizes/model/min {worst:.2f} (goal <= 2): {_met(worst <= 2)}")
+            continue
+        gain = static["overall"]["ttft_p99_s"] / ours["overall"]["ttft_p99_s"]
+        tput = ours["overall"]["throughput_tok_s"] / static["overall"]["throughput_tok_s"]
+        worst = max(ours[m]["ttft_p99_s"] / static[m]["ttft_p99_s"] for m in models)
+        out.append(f"{name}/{cfg}: p99 TTFT {gain:.2f}x lower than static (goal >= 2.5): {_met(gain >= 2.5)}"
+                   f"; throughput {tput:.2f}x (goal >= 0.98): {_met(tput >= 0.98)}"
+                   f"; worst model p99 {worst:.2f}x static (goal <= 1.10): {_met(worst <= 1.1)}")  # fmt: skip
+        free = summary.get(cfg.replace("demand", "free"))
+        if free:
+            ours_worst = max(ours[m]["ttft_p99_s"] for m in models)
+            free_worst = max(free[m]["ttft_p99_s"] for m in models)
+            out.append(f"{name}/{cfg}: worst model p99 {ours_worst:.3g} s vs free-for-all {free_worst:.3g} s: "
+                       f"{_met(ours_worst < free_worst)}")  # fmt: skip
+    return out
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def plots(name: str, results: dict[str, Any], out: Path) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 1, figsize=(10, 7), sharex=True)
-    for ax, (config, run) in zip(axes, results.items(), strict=True):
+    n = len(results)
+    cols = 2 if n > 1 else 1
+    fig, axes = plt.subplots((n + cols - 1) // cols, cols, figsize=(12, 2.6 * ((n + cols - 1) // cols)),
+                             sharex=True, squeeze=False)  # fmt: skip
+    colors = ("tab:blue", "tab:orange", "tab:green", "tab:red")
+    for ax, (config, run) in zip(axes.flat, results.items(), strict=False):
         t = [s["t"] for s in run["samples"]]
         load = ax.twinx()
-        for model, color in (("a", "tab:blue"), ("b", "tab:orange")):
-            ax.plot(t, [s[model]["limit"] / MiB for s in run["samples"]], color=color, ls="--", label=f"{model} limit")
-            ax.plot(t, [s[model]["mapped"] / MiB for s in run["samples"]], color=color, label=f"{model} mapped")
+        for model, color in zip(run["final"], colors, strict=False):
+            ax.plot(t, [s[model]["limit"] / MiB for s in run["samples"]], color=color, ls="--", lw=0.8)
+            ax.plot(t, [s[model]["physical"] / MiB for s in run["samples"]], color=color, label=model)
             busy = [s[model]["running"] + s[model]["waiting"] for s in run["samples"]]
-            load.fill_between(t, busy, color=color, alpha=0.12, step="post")
-        ax.set_title(config)
+            load.fill_between(t, busy, color=color, alpha=0.10, step="post")
+        ax.set_title(f"{config}: held (solid), limit (dashed), requests (shaded)", fontsize=9)
         ax.set_ylabel("KV MiB")
-        load.set_ylabel("requests in the engine")
-        ax.legend(loc="upper left", fontsize=8)
-    axes[-1].set_xlabel("seconds")
+        ax.legend(loc="upper left", fontsize=7)
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
     fig.tight_layout()
-    mem = out / "bench_colocation_memory.png"
-    fig.savefig(mem, dpi=110)
+    mem = out / f"bench_colocation_{name}_memory.png"
+    fig.savefig(mem, dpi=100)
+    plt.close(fig)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for config, run in results.items():
         ttft = sorted(o["ttft_s"] for o in run["outcomes"] if o["ok"])
-        ax.plot(ttft, [(i + 1) / len(ttft) for i in range(len(ttft))], label=config)
+        frac = [(i + 1) / len(ttft) for i in range(len(ttft))]
+        ax.plot(ttft, frac, label=config, ls="--" if "+tier" in config else "-")
     ax.set_xscale("log")
     ax.set_xlabel("TTFT (s)")
     ax.set_ylabel("fraction of requests")
-    ax.legend()
+    ax.set_title(f"{name}: TTFT CDF")
+    ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    cdf = out / "bench_colocation_ttft_cdf.png"
-    fig.savefig(cdf, dpi=110)
+    cdf = out / f"bench_colocation_{name}_ttft_cdf.png"
+    fig.savefig(cdf, dpi=100)
+    plt.close(fig)
     return [str(mem), str(cdf)]
 
 
-def report(results: dict[str, Any], args: dict[str, Any], out: Path) -> None:
+def report(results: dict[str, dict[str, Any]], args: dict[str, Any], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    scopes: list[str | None] = [None, "a", "b"]
-    summary = {c: {(s or "overall"): summarize(r, s) for s in scopes} for c, r in results.items()}
-    static, elastic = summary["static"]["overall"], summary["elastic"]["overall"]
-    keys = ("ttft_p50_s", "ttft_p99_s", "latency_p99_s", "throughput_tok_s")
-    ratio = {k: elastic[k] / static[k] for k in keys if static[k]}
-    pngs = plots(results, out)
-    print(table(summary))
-    print("elastic / static (overall): " + "  ".join(f"{k} {v:.2f}x" for k, v in ratio.items()))
-    print(f"controller: {args['controller']}")
+    summaries, pngs, checked = {}, [], []
+    for name, runs in results.items():
+        models = list(next(iter(runs.values()))["final"])
+        summaries[name] = {c: {(s or "overall"): summarize(r, s) for s in [None, *models]} for c, r in runs.items()}
+        pngs += plots(name, runs, out)
+        print(tables(name, summaries[name]) + "\n")
+        checked += goals(name, summaries[name])
+    print("\n".join(checked))
+    broken = [(w, c) for w, runs in results.items() for c, r in runs.items() if not all(r["integrity_ok"].values())]
+    print(f"integrity after every run: {broken or 'ok'}")
     path = out / "bench_colocation.json"
-    data = {"benchmark": "bench_colocation", "args": args, "summary": summary, "ratio_elastic_over_static": ratio,
-            "plots": pngs, "runs": results}  # fmt: skip
+    data = {"benchmark": "bench_colocation", "args": args, "summary": summaries, "goals": checked, "plots": pngs,
+            "runs": results}  # fmt: skip
     path.write_text(json.dumps(data, indent=1))
     print(f"-> {path} {' '.join(pngs)}")

@@ -1,12 +1,22 @@
-"""The colocation benchmark's workload: seeded, bursty, the same for every configuration.
+"""The colocation benchmark's workloads: seeded, the same for every configuration, their rates
+relative to the measured capacity of one engine (``unit``, requests/s), so that the same command
+loads any machine of this kind alike.
 
-Phases alternate which model is busy (``a`` busy, then ``b``, ...); inside a phase, arrivals are a
-Poisson process per model (heavy rate for the busy one, light for the other). Half of the busy
-model's requests share a long per-model prefix (a system prompt / document), the rest are unique.
+(a) ``bursts``: two models take turns being busy (``hot`` x unit) while the other idles
+    (``cold`` x unit).
 
-    phase:     0          1          2          3
-    a:      ########   ..  .  .   ########   .  ..  .
-    b:      . .  . .   ########   .. .  .    ########
+        a:  ########  ..  . .  ########  . .. .        b:  the same, one phase later
+
+(b) ``longtail``: three models, popularity 1 : 1/2 : 1/4 of the peak, each ramping up
+    0 -> peak -> low on a staggered start (the shape of kvcached's published benchmark).
+
+        a:   /####\\___          b:      /###\\___          c:         /##\\___
+
+(c) ``steady``: every model at a constant rate just under what its static share holds: the
+    load does not change, so a policy that moves memory is flapping.
+
+Each rate is a piecewise-constant curve per model; arrivals are a Poisson process inside each
+piece. Half of every model's requests share a long per-model prefix (a system prompt).
 """
 
 from __future__ import annotations
@@ -14,10 +24,11 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 import httpx
+
+WORKLOADS = ("bursts", "longtail", "steady")
 
 
 @dataclass(frozen=True)
@@ -40,35 +51,77 @@ class Outcome:
 
 
 @dataclass(frozen=True)
-class WorkloadSpec:
-    seed: int = 0
-    models: tuple[str, ...] = ("a", "b")
-    phases: int = 4
-    phase_s: float = 10.0
-    heavy_rate: float = 3.0  #: requests per second to the busy model
-    light_rate: float = 0.4
-    prompt_tokens: tuple[int, int] = (1000, 1600)
-    shared_prefix: int = 768
-    max_tokens: tuple[int, int] = (24, 64)
-    extra: dict[str, Any] = field(default_factory=dict)
+class Piece:
+    start_s: float
+    end_s: float
+    rate: float  #: requests per second
 
 
-def schedule(spec: WorkloadSpec) -> list[Request]:
-    rng = random.Random(spec.seed)
-    prefixes = {m: [rng.randrange(10, 2000) for _ in range(spec.shared_prefix)] for m in spec.models}
+@dataclass(frozen=True)
+class Shape:
+    """The requests' sizes, the same in every workload: outputs long enough that a request holds
+    its KV for seconds, so that memory, not prefill compute, limits how many run at once (with
+    this shape the whole budget serves ~2x what half of it does; with 600-1000-token prompts and
+    32-64 tokens out, 1.1-1.4x: prefill bound)."""
+
+    prompt_tokens: tuple[int, int] = (300, 500)
+    shared_prefix: int = 192
+    max_tokens: tuple[int, int] = (96, 160)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    curves: dict[str, tuple[Piece, ...]]
+    duration_s: float
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        return tuple(self.curves)
+
+
+def bursts(unit: float, hot: float, cold: float, phase_s: float, phases: int = 4) -> Workload:
+    curves: dict[str, list[Piece]] = {"a": [], "b": []}
+    for p in range(phases):
+        for i, m in enumerate(curves):
+            rate = hot if p % 2 == i else cold
+            curves[m].append(Piece(p * phase_s, (p + 1) * phase_s, rate * unit))
+    return Workload("bursts", {m: tuple(c) for m, c in curves.items()}, phases * phase_s)
+
+
+def longtail(unit: float, hot: float, cold: float, phase_s: float) -> Workload:
+    """Per model: ramp up (one phase, in four steps), hold the peak (one phase), fall to the low
+    rate; model i starts i phases after the first."""
+    curves = {}
+    for i, (m, share) in enumerate((("a", 1.0), ("b", 0.5), ("c", 0.25))):
+        peak, t0 = max(cold, hot * share) * unit, i * phase_s
+        ramp = tuple(Piece(t0 + k * phase_s / 4, t0 + (k + 1) * phase_s / 4, peak * (k + 1) / 4) for k in range(4))
+        low_start = t0 + 2 * phase_s
+        curves[m] = (Piece(0, t0, cold * unit), *ramp, Piece(t0 + phase_s, low_start, peak),
+                     Piece(low_start, 4 * phase_s, cold * unit))  # fmt: skip
+    return Workload("longtail", {m: tuple(p for p in c if p.end_s > p.start_s) for m, c in curves.items()},
+                    4 * phase_s)  # fmt: skip
+
+
+def steady(unit: float, rate: float, duration_s: float) -> Workload:
+    return Workload("steady", {m: (Piece(0, duration_s, rate * unit),) for m in ("a", "b")}, duration_s)
+
+
+def schedule(workload: Workload, shape: Shape, seed: int) -> list[Request]:
+    rng = random.Random(seed)
+    prefixes = {m: [rng.randrange(10, 2000) for _ in range(shape.shared_prefix)] for m in workload.models}
     out = []
-    for phase in range(spec.phases):
-        busy = spec.models[phase % len(spec.models)]
-        for model in spec.models:
-            rate = spec.heavy_rate if model == busy else spec.light_rate
-            t = phase * spec.phase_s + rng.expovariate(rate)
-            while t < (phase + 1) * spec.phase_s:
-                n = rng.randint(*spec.prompt_tokens)
-                shared = model == busy and rng.random() < 0.5
-                head = prefixes[model] if shared else []
+    for model, pieces in workload.curves.items():
+        for piece in pieces:
+            if piece.rate <= 0:
+                continue
+            t = piece.start_s + rng.expovariate(piece.rate)
+            while t < piece.end_s:
+                n = rng.randint(*shape.prompt_tokens)
+                head = prefixes[model] if rng.random() < 0.5 else []
                 prompt = head + [rng.randrange(10, 2000) for _ in range(n - len(head))]
-                out.append(Request(t, model, prompt, rng.randint(*spec.max_tokens)))
-                t += rng.expovariate(rate)
+                out.append(Request(t, model, prompt, rng.randint(*shape.max_tokens)))
+                t += rng.expovariate(piece.rate)
     return sorted(out, key=lambda r: r.at_s)
 
 
@@ -94,7 +147,16 @@ async def one(client: httpx.AsyncClient, url: str, req: Request, t0: float) -> O
     return Outcome(req.model, ok, (first or end) - start, end - start, tokens, "" if ok else "short", start - t0)
 
 
-async def drive(urls: dict[str, str], requests: list[Request], t0: float) -> list[Outcome]:
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+async def drive(urls: dict[str, str], requests: list[Request], t0: float, deadline_s: float) -> list[Outcome]:
+    """Every request at its time; one still unanswered ``deadline_s`` after the start fails (a
+    starved model must not hold the benchmark forever)."""
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+
+    async def bounded(client: httpx.AsyncClient, r: Request) -> Outcome:
+        try:
+            return await asyncio.wait_for(one(client, urls[r.model], r, t0), t0 + deadline_s - time.monotonic())
+        except TimeoutError:
+            return Outcome(r.model, False, error="deadline", started_s=r.at_s)
+
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        return list(await asyncio.gather(*(one(client, urls[r.model], r, t0) for r in requests)))
+        return list(await asyncio.gather(*(bounded(client, r) for r in requests)))

@@ -16,12 +16,16 @@ what it holds plus what its waiting requests would hold:
                           ``dwell_rounds`` -- and never below its target, so never below its
                           working set unless the budget is contested
 
-Fast grow, slow shrink: the EWMA rises at once (alpha 0.7) and decays slowly (0.15); the working
-set decays 10% a round. Objective: the distance of the limits from the water-filled targets
-(the max-min fair split of need), sum |limit - target|. A move takes at most the donor's excess
-over its target and gives at most the recipient's shortfall, so every move lowers it by twice
-the bytes moved (once from free budget); a round with no such move worth the hysteresis plans
-nothing.
+Against flapping: a model must be short two rounds in a row before it is granted (one Poisson
+spike is not a trend), and no model reverses within its dwell (one that grew is not a donor, one
+that shrank is not a recipient). Fast grow, slower shrink: the EWMA rises with alpha 0.7 and
+decays with 0.5; the working set decays 40% a round -- a burst that ended gives its memory back
+within seconds, since alternating bursts are where waiting hurts most.
+
+Objective: the distance of the limits from the water-filled targets (the max-min fair split of
+need), sum |limit - target|. A move takes at most the donor's excess over its target and gives
+at most the recipient's shortfall, so every move lowers it by twice the bytes moved (once from
+free budget); a round with no such move worth the hysteresis plans nothing.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from dataclasses import dataclass, field, replace
 
 from kvpool_operator.policy import GroupPolicy, Infeasible, ModelBudget, Observation, Plan, check_feasible
 
-RISE, DECAY, WORKING_SET_DECAY, HEADROOM = 0.7, 0.15, 0.9, 1.1
+RISE, DECAY, WORKING_SET_DECAY, HEADROOM = 0.7, 0.5, 0.6, 1.1
+PERSIST = 2  #: rounds in a row a model must be short before it is granted memory
 FULL = 0.75  #: a pool this full with requests waiting is short of memory
 
 
@@ -43,6 +48,8 @@ class ModelMemory:
     working_set: float = 0.0
     per_request: float = 0.0  #: bytes a running request holds (EWMA); 0 until one ran
     last_grow: int = -(10**9)  #: round of the latest grant
+    last_shrink: int = -(10**9)  #: round of the latest shrink
+    short_rounds: int = 0  #: consecutive rounds short of memory, this one included
 
 
 @dataclass(frozen=True)
@@ -76,7 +83,8 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float) ->
     alpha = RISE if wanted > prev.need_ewma else DECAY
     need = prev.need_ewma + alpha * (wanted - prev.need_ewma)
     working = max(float(obs.used_bytes), prev.working_set * WORKING_SET_DECAY)
-    return replace(prev, need_ewma=need, working_set=working, per_request=per)
+    streak = prev.short_rounds + 1 if short else 0
+    return replace(prev, need_ewma=need, working_set=working, per_request=per, short_rounds=streak)
 
 
 def need(m: ModelBudget, mem: ModelMemory) -> int:
@@ -126,6 +134,7 @@ def plan_demand(
         donor, recipient, amount = move
         if donor is not None:
             new[donor] -= amount
+            mems[donor] = replace(mems[donor], last_shrink=now)
         new[recipient] += amount
         mems[recipient] = replace(mems[recipient], last_grow=now)
     shrinks = tuple(n for n in new if new[n] < old[n])
@@ -141,7 +150,8 @@ def _one_move(
     limit = {m.name: observed[m.name].limit_bytes for m in active}
     short = [
         m for m in active
-        if short_of_memory(observed[m.name], mems[m.name].per_request or default) and target[m.name] > limit[m.name]
+        if mems[m.name].short_rounds >= PERSIST and target[m.name] > limit[m.name]
+        and now - mems[m.name].last_shrink > group.dwell_rounds
     ]  # fmt: skip
     out_of_bounds = [m for m in active if limit[m.name] < m.min_bytes]
     wanting = out_of_bounds or short

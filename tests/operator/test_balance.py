@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from kvpool_operator.balance import Balancer
+from kvpool_operator.demand import PERSIST, Memory, ModelMemory
 from kvpool_operator.pools import Endpoint, PoolUnreachable
 from kvpool_operator.spec import GroupSpec, parse_group
 from kvpool_operator.wire import PoolState, ResizeReply
@@ -93,6 +94,8 @@ def fragment(pool: KVPool) -> list[int]:
 
 
 BUSY = {"a": DemandStats(4, 8, 0), "b": DemandStats(0, 0, 0)}
+#: the policy's memory of an earlier round in which a was already short (it grants on the second)
+A_WAS_SHORT = Memory(1, {"a": ModelMemory(short_rounds=PERSIST - 1)})
 
 
 def fill(pool: KVPool) -> None:
@@ -106,7 +109,7 @@ def test_the_shrink_is_applied_before_the_grant_and_the_budget_holds(pools: dict
     held = fragment(pools["b"])
     clock = Clock(on_sleep=lambda n: pools["b"].free(held[len(held) // 2 :]) if n == 3 else None)
     admin = FakeAdmin(pools, BUSY)
-    r = Balancer(admin, wait_s=5, clock=clock, sleep=clock.sleep).round(group(), POD, EPS, {}, {})
+    r = Balancer(admin, wait_s=5, clock=clock, sleep=clock.sleep).round(group(), POD, EPS, {}, {}, A_WAS_SHORT)
     assert [(z.model, z.status) for z in r.resizes] == [("b", "applied"), ("a", "applied")]
     assert [c[1] for c in admin.calls] == ["b", "a"]  # shrink first
     assert clock.sleeps == 3  # it waited for the deferred shrink, and no longer
@@ -120,7 +123,9 @@ def test_a_shrink_that_stays_deferred_holds_the_grant_back(pools: dict[str, KVPo
     fill(pools["a"])
     fragment(pools["b"])  # its blocks are never freed
     clock = Clock()
-    r = Balancer(FakeAdmin(pools, BUSY), wait_s=2, clock=clock, sleep=clock.sleep).round(group(), POD, EPS, {}, {})
+    r = Balancer(FakeAdmin(pools, BUSY), wait_s=2, clock=clock, sleep=clock.sleep).round(
+        group(), POD, EPS, {}, {}, A_WAS_SHORT
+    )
     b = pools["b"].snapshot()
     assert (r.resizes[0].model, r.resizes[0].status) == ("b", "timeout")
     # a may grow only into what b really released: b still holds all its pages
@@ -134,7 +139,9 @@ def test_a_server_that_does_not_answer_keeps_its_limit_and_degrades_the_round(po
     admin = FakeAdmin(pools, BUSY)
     admin.down.add("b")
     clock = Clock()
-    r = Balancer(admin, wait_s=2, clock=clock, sleep=clock.sleep).round(group(), POD, EPS, {"b": 16 * MiB}, {})
+    r = Balancer(admin, wait_s=2, clock=clock, sleep=clock.sleep).round(
+        group(), POD, EPS, {"b": 16 * MiB}, {}, A_WAS_SHORT
+    )
     assert all(z.model != "b" for z in r.resizes)
     assert pools["b"].snapshot().limit_bytes == 16 * MiB
     assert pools["a"].snapshot().limit_bytes <= 32 * MiB - 16 * MiB  # b's known limit stays counted
@@ -144,14 +151,14 @@ def test_a_server_that_does_not_answer_keeps_its_limit_and_degrades_the_round(po
 def test_revisions_stay_monotonic_across_an_operator_restart_with_a_clock_behind(pools: dict[str, KVPool]) -> None:
     fill(pools["a"])
     admin = FakeAdmin(pools, BUSY)
-    first = Balancer(admin, wait_s=2, clock=Clock(), sleep=lambda _: None).round(group(), POD, EPS, {}, {})
+    first = Balancer(admin, wait_s=2, clock=Clock(), sleep=lambda _: None).round(group(), POD, EPS, {}, {}, A_WAS_SHORT)
     assert first.resizes
     assert all(z.status == "applied" for z in first.resizes)
     seen = pools["a"].snapshot().pending.revision
     behind = Clock()
     behind.t -= 3600  # the restarted operator's node clock runs an hour behind
     fill(pools["a"])  # short again at its new limit
-    again = Balancer(admin, wait_s=2, clock=behind, sleep=behind.sleep).round(group(), POD, EPS, {}, {})
+    again = Balancer(admin, wait_s=2, clock=behind, sleep=behind.sleep).round(group(), POD, EPS, {}, {}, A_WAS_SHORT)
     assert all(z.status != "stale" for z in again.resizes)
     assert pools["a"].snapshot().pending.revision >= seen
     assert sum(p.snapshot().limit_bytes for p in pools.values()) <= 32 * MiB

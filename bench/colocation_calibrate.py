@@ -1,0 +1,80 @@
+"""Calibrate the colocation benchmark to this machine: how many requests per second one pinned
+engine completes with its static share of the budget, and with the whole budget (closed loop,
+enough clients to keep the pool full). The workloads' rates are set from these two, so that the
+busy model asks for more than its share can serve and less than its core can compute -- on any
+machine of this kind. If the whole budget serves no more than the share, memory is not what
+limits this shape here, and the report says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from bench.colocation_configs import Config, Setup, start_servers
+from bench.colocation_workload import Request, Shape, one
+
+BLOCK_TOKENS = 32  #: kvpool-server's default --block-size
+
+
+@dataclass(frozen=True)
+class Capacity:
+    share_rps: float  #: requests/s with budget / N
+    full_rps: float  #: requests/s with the whole budget
+    request_bytes: int  #: KV bytes of an average request
+    clients: int
+
+    @property
+    def memory_bound(self) -> bool:
+        return self.full_rps > 1.15 * self.share_rps
+
+
+async def closed_loop(url: str, model: str, shape: Shape, clients: int, seconds: float, seed: int) -> float:
+    """Completed requests per second with ``clients`` requests always in flight."""
+    rng = random.Random(seed)
+    done = 0
+    t0 = time.monotonic()
+    deadline = t0 + seconds
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal done
+        while time.monotonic() < deadline:
+            prompt = [rng.randrange(10, 2000) for _ in range(rng.randint(*shape.prompt_tokens))]
+            out = await one(client, url, Request(0, model, prompt, rng.randint(*shape.max_tokens)), t0)
+            done += out.ok and time.monotonic() <= deadline
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        await asyncio.gather(*(worker(client) for _ in range(clients)))
+    return done / seconds
+
+
+async def _set_limit(url: str, limit: int) -> None:
+    async with httpx.AsyncClient(timeout=60) as client:
+        revision = (await client.get(url + "/kvpool")).json()["pending"]["revision"] + 1
+        r = await client.put(url + "/kvpool/limit", json={"limit_bytes": limit, "revision": revision})
+        r.raise_for_status()
+
+
+def calibrate(setup: Setup, n_models: int, shape: Shape, tmp: Path, seconds: float = 20.0) -> Capacity:
+    """One engine on core 0 (the other cores idle), first with the whole budget, then its share."""
+    servers = start_servers(setup, Config("static", False), ("a",), tmp)  # one model: limit = budget
+    proc, ep = servers["a"]
+    try:
+        block_bytes = int(httpx.get(ep.url + "/kvpool", timeout=30).json()["block_bytes"])
+        tokens = sum(shape.prompt_tokens) / 2 + sum(shape.max_tokens) / 2
+        request_bytes = math.ceil(tokens / BLOCK_TOKENS) * block_bytes
+        clients = max(4, 2 * setup.budget // request_bytes)
+        asyncio.run(closed_loop(ep.url, "a", shape, clients, 5.0, seed=1))  # warm-up
+        full = asyncio.run(closed_loop(ep.url, "a", shape, clients, seconds, seed=2))
+        asyncio.run(_set_limit(ep.url, setup.budget // n_models))
+        share = asyncio.run(closed_loop(ep.url, "a", shape, clients, seconds, seed=3))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+    return Capacity(share, full, request_bytes, clients)

@@ -1,0 +1,146 @@
+"""The colocation benchmark's configurations: how the models share one KV budget.
+
+* ``static``: each model gets budget / N, fixed (the usual per-model memory split).
+* ``free``:  free-for-all, as kvcached shares a GPU: every pool may grow to the whole budget,
+  the node ledger (``kvpool.ledger``) refuses any map that would overdraw it -- on a GPU the
+  device runs out; here the ledger is that device -- and idle pages are released every round
+  (kvcached unmaps pages as their blocks free), so memory goes to whoever maps first.
+* ``proportional``: the operator's previous policy (``spec.rebalance.policy: proportional``).
+* ``demand``: the operator's new policy (``kvpool_operator.demand``, the default).
+
+Both policies run the operator's own round code (``kvpool_operator.balance.Balancer``, shrinks
+first, grants within headroom) over the admin API, without Kubernetes. Each configuration runs
+with the CPU tier off and on (``+tier``), so the tier's share is reported apart.
+
+Every engine is pinned to its own core (``taskset`` + ``VLLM_CPU_OMP_THREADS_BIND``); with more
+models than cores, models share cores round-robin, and the report says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+from kvpool_operator.balance import Balancer
+from kvpool_operator.pools import AdminClient, Endpoint
+from kvpool_operator.spec import GroupSpec, parse_group
+
+from bench.servers import free_port, start
+
+POLICIES = ("static", "free", "proportional", "demand")
+
+
+@dataclass(frozen=True)
+class Config:
+    policy: str  #: one of POLICIES
+    tier: bool
+
+    @property
+    def name(self) -> str:
+        return self.policy + ("+tier" if self.tier else "")
+
+
+def configs(policies: list[str]) -> list[Config]:
+    return [Config(p, tier) for tier in (False, True) for p in policies]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every configuration of one run shares."""
+
+    model: str
+    backend: str
+    budget: int
+    offload_bytes: int
+    interval_s: float
+    dwell_s: float
+
+
+def core_of(i: int) -> int:
+    return i % (os.cpu_count() or 1)
+
+
+def server_cmd(setup: Setup, cfg: Config, name: str, port: int, n_models: int, tmp: Path) -> list[str]:
+    limit = setup.budget if cfg.policy == "free" else setup.budget // n_models
+    cmd = [sys.executable, "-m", "kvpool_server", "--model", setup.model, "--served-model-name", name,
+           "--port", str(port), "--backend", setup.backend, "--limit-bytes", str(limit),
+           "--virtual-bytes", str(setup.budget), "--max-model-len", "2048"]  # fmt: skip
+    if cfg.policy == "free":
+        cmd += ["--ledger-bytes", str(setup.budget), "--ledger-path", str(tmp / "ledger")]
+    if cfg.tier:
+        cmd += ["--offload-bytes", str(setup.offload_bytes), "--offload-dir", str(tmp)]
+    return cmd
+
+
+def start_servers(setup: Setup, cfg: Config, models: tuple[str, ...], tmp: Path) -> dict[str, tuple[Any, Endpoint]]:
+    """Start every model's server at once, each pinned to its core; wait until all answer."""
+    import concurrent.futures
+
+    def one(i: int, name: str) -> tuple[Any, Endpoint]:
+        port, core = free_port(), core_of(i)
+        cmd = ["taskset", "-c", str(core), *server_cmd(setup, cfg, name, port, len(models), tmp)]
+        proc = start(cmd, port, tmp / f"{name}-{cfg.name}.log", {"VLLM_CPU_OMP_THREADS_BIND": str(core)})
+        return proc, Endpoint("127.0.0.1", name, port)
+
+    with concurrent.futures.ThreadPoolExecutor(len(models)) as ex:
+        futures = {name: ex.submit(one, i, name) for i, name in enumerate(models)}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def group_spec(setup: Setup, cfg: Config, models: tuple[str, ...]) -> GroupSpec:
+    n = len(models)
+    return parse_group({
+        "gpuMemoryBudgetBytes": setup.budget,
+        "rebalance": {"intervalSeconds": setup.interval_s, "hysteresisBytes": setup.budget // 32,
+                      "maxStepBytes": setup.budget // 2, "policy": cfg.policy, "minDwellSeconds": setup.dwell_s},
+        "models": [{"name": m, "model": setup.model, "minBytes": setup.budget // (3 * n),
+                    "maxBytes": setup.budget - (n - 1) * setup.budget // (3 * n)} for m in models],
+    })  # fmt: skip
+
+
+async def balance(group: GroupSpec, eps: dict[str, Endpoint], stop: asyncio.Event, t0: float,
+                  log: list[dict[str, Any]]) -> None:  # fmt: skip
+    """The operator's round, every interval, as the kopf timer runs it (memory carried over)."""
+    client = AdminClient()
+    balancer = Balancer(client, wait_s=group.interval_s)
+    known: dict[str, int] = {}
+    preempt: dict[str, int] = {}
+    memory = None
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            r = await asyncio.to_thread(balancer.round, group, "127.0.0.1", eps, known, preempt, memory)
+            known = {n: s.limit_bytes for n, s in r.snapshots.items()}
+            preempt = {n: s.preemptions for n, s in r.snapshots.items()}
+            memory = r.memory
+            log.append({"t": started - t0, "seconds": time.monotonic() - started, "problems": r.problems,
+                        "resizes": [z.__dict__ for z in r.resizes]})  # fmt: skip
+            await asyncio.sleep(max(0.0, group.interval_s - (time.monotonic() - started)))
+    finally:
+        client.close()
+
+
+async def release_idle(eps: dict[str, Endpoint], interval_s: float, stop: asyncio.Event) -> None:
+    """Free-for-all: every pool gives its idle pages back each round (POST /kvpool/trim)."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        while not stop.is_set():
+            for ep in eps.values():
+                with contextlib.suppress(httpx.HTTPError):  # a busy engine answers late: next round
+                    await client.post(ep.url + "/kvpool/trim")
+            await asyncio.sleep(interval_s)
+
+
+def controller(setup: Setup, cfg: Config, eps: dict[str, Endpoint], stop: asyncio.Event, t0: float,
+               log: list[dict[str, Any]]) -> asyncio.Task[None] | None:  # fmt: skip
+    if cfg.policy == "free":
+        return asyncio.create_task(release_idle(eps, setup.interval_s, stop))
+    if cfg.policy in ("proportional", "demand"):
+        return asyncio.create_task(balance(group_spec(setup, cfg, tuple(eps)), eps, stop, t0, log))
+    return None

@@ -1,0 +1,90 @@
+"""The colocation benchmark's own logic, without servers: the workloads are seeded and follow their
+rate curves (rates relative to the calibration), the report's figures and goal checks come from
+the outcomes they are given."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.bench_colocation import workloads
+from bench.colocation_calibrate import Capacity
+from bench.colocation_configs import Config, Setup, configs, server_cmd
+from bench.colocation_report import goals, summarize
+from bench.colocation_workload import Shape, bursts, longtail, schedule
+
+MiB = 1 << 20
+
+
+def arrivals(reqs: list[Any], model: str, start: float, end: float) -> int:
+    return sum(1 for r in reqs if r.model == model and start <= r.at_s < end)
+
+
+def test_the_schedule_is_seeded_and_follows_the_bursts() -> None:
+    work = bursts(unit=10.0, hot=2.0, cold=0.1, phase_s=30.0)
+    reqs = schedule(work, Shape(), seed=3)
+    assert reqs == schedule(work, Shape(), seed=3)
+    assert reqs != schedule(work, Shape(), seed=4)
+    assert arrivals(reqs, "a", 0, 30) == pytest.approx(600, rel=0.15)  # 20/s for 30 s
+    assert arrivals(reqs, "b", 0, 30) == pytest.approx(30, rel=0.5)  # 1/s
+    assert arrivals(reqs, "b", 30, 60) == pytest.approx(600, rel=0.15)  # the turn passes to b
+    shape = Shape()
+    assert all(shape.prompt_tokens[0] <= len(r.prompt) <= shape.prompt_tokens[1] for r in reqs)
+
+
+def test_the_long_tail_peaks_are_staggered_and_ranked_by_popularity() -> None:
+    work = longtail(unit=10.0, hot=2.0, cold=0.1, phase_s=20.0)
+    reqs = schedule(work, Shape(), seed=0)
+    peaks = {m: max(range(4), key=lambda p: arrivals(reqs, m, p * 20, (p + 1) * 20)) for m in "abc"}
+    assert peaks["a"] < peaks["b"] < peaks["c"]
+    totals = [sum(r.model == m for r in reqs) for m in "abc"]
+    assert totals[0] > totals[1] > totals[2]
+
+
+def test_rates_come_from_the_calibration() -> None:
+    cap = Capacity(share_rps=4.0, full_rps=8.0, request_bytes=MiB, clients=8)
+    burst, tail, flat = workloads(["bursts", "longtail", "steady"], cap, phase_s=10.0)
+    hot = max(p.rate for p in burst.curves["a"])
+    assert cap.share_rps < hot < cap.full_rps  # above what the share serves, below the whole budget's
+    assert max(p.rate for p in tail.curves["a"]) == hot
+    assert flat.curves["a"][0].rate < cap.share_rps  # steady: within what the share serves
+
+
+def test_only_the_free_for_all_gets_the_whole_budget_and_the_ledger() -> None:
+    setup = Setup("/m", "host", 16 * MiB, 32 * MiB, 1.0, 4.0)
+    from pathlib import Path
+
+    for cfg in configs(["static", "free", "demand"]):
+        cmd = server_cmd(setup, cfg, "a", 8000, 2, Path("/tmp/x"))
+        limit = int(cmd[cmd.index("--limit-bytes") + 1])
+        assert limit == (16 * MiB if cfg.policy == "free" else 8 * MiB)
+        assert ("--ledger-bytes" in cmd) == (cfg.policy == "free")
+        assert ("--offload-bytes" in cmd) == cfg.tier
+    assert Config("demand", True).name == "demand+tier"
+
+
+def fake_run(ttfts: dict[str, list[float]], resizes: int = 0) -> dict[str, Any]:
+    outcomes = [{"model": m, "ok": True, "ttft_s": t, "latency_s": t + 1, "tokens": 10} for m, ts in ttfts.items()
+                for t in ts]  # fmt: skip
+    pool = {"limit": 8 * MiB, "mapped": 0, "physical": 4 * MiB, "running": 0, "waiting": 2}
+    return {
+        "outcomes": outcomes, "wall_s": 60.0, "duration_s": 50.0,
+        "final": {m: {"demand": {"preemptions": 1}} for m in ttfts},
+        "rounds": [{"resizes": [{"model": "a"}] * resizes}],
+        "samples": [{"t": 0, **{m: pool for m in ttfts}}],
+        "cpu_utilisation": dict.fromkeys(ttfts, 0.5),
+    }  # fmt: skip
+
+
+def test_the_report_checks_the_goals_against_static() -> None:
+    runs = {"static": fake_run({"a": [1.0] * 100, "b": [1.0] * 100}),
+            "demand": fake_run({"a": [0.3] * 100, "b": [1.05] * 100}, resizes=3),
+            "free": fake_run({"a": [0.1] * 100, "b": [5.0] * 100})}  # fmt: skip
+    summary = {c: {(s or "overall"): summarize(r, s) for s in [None, "a", "b"]} for c, r in runs.items()}
+    assert summary["demand"]["a"]["resizes_per_model_min"] == 3.0
+    assert summary["static"]["overall"]["drain_s"] == 10.0
+    checked = goals("bursts", summary)
+    assert "0.95x lower than static (goal >= 2.5): MISSED" in checked[0]  # the worst request sets p99
+    assert "worst model p99 1.05x static (goal <= 1.10): met" in checked[0]
+    assert checked[1].endswith("met")  # b: 1.05 s under demand vs 5 s under the free-for-all
