@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--phase-s", type=float, default=12.0, help="length of one phase of a workload")
     ap.add_argument("--interval", type=float, default=1.0, help="rebalance interval (s)")
-    ap.add_argument("--dwell", type=float, default=4.0, help="demand policy: minimum dwell (s)")
+    ap.add_argument("--dwell", type=float, default=8.0, help="demand policy: minimum dwell (s)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
     ap.add_argument("--tier", choices=["both", "off", "on"], default="both", help="CPU tier in the configurations")

@@ -16,11 +16,15 @@ what it holds plus what its waiting requests would hold:
                           ``dwell_rounds`` -- and never below its target, so never below its
                           working set unless the budget is contested
 
-Against flapping: a model must be short two rounds in a row before it is granted (one Poisson
-spike is not a trend), and no model reverses within its dwell (one that grew is not a donor, one
+Against flapping: a model must be short two rounds in a row, with two or more requests waiting
+on average, before it is granted (a Poisson spike of a steady load is not a trend; a burst's
+queue of tens is), and no model reverses within its dwell (one that grew is not a donor, one
 that shrank is not a recipient). Fast grow, slower shrink: the EWMA rises with alpha 0.7 and
-decays with 0.5; the working set decays 40% a round -- a burst that ended gives its memory back
-within seconds, since alternating bursts are where waiting hurts most.
+decays with 0.5; the working set (the recent peak of what a model used) decays 15% a round, so
+a donor keeps its recent high-water mark unless the budget is contested -- giving a steady load's
+memory away down to its momentary use made it short a few seconds later (12 moves a minute).
+A move is at least one of the recipient's requests (and the hysteresis): smaller ones were
+fix-ups that a Poisson load undoes.
 
 Objective: the distance of the limits from the water-filled targets (the max-min fair split of
 need), sum |limit - target|. A move takes at most the donor's excess over its target and gives
@@ -35,8 +39,9 @@ from dataclasses import dataclass, field, replace
 
 from kvpool_operator.policy import GroupPolicy, Infeasible, ModelBudget, Observation, Plan, check_feasible
 
-RISE, DECAY, WORKING_SET_DECAY, HEADROOM = 0.7, 0.5, 0.6, 1.1
+RISE, DECAY, WORKING_SET_DECAY, HEADROOM = 0.7, 0.5, 0.85, 1.1
 PERSIST = 2  #: rounds in a row a model must be short before it is granted memory
+QUEUE = 2.0  #: ... with at least this many requests waiting on average (EWMA, alpha 0.5)
 FULL = 0.75  #: a pool this full with requests waiting is short of memory
 
 
@@ -50,6 +55,7 @@ class ModelMemory:
     last_grow: int = -(10**9)  #: round of the latest grant
     last_shrink: int = -(10**9)  #: round of the latest shrink
     short_rounds: int = 0  #: consecutive rounds short of memory, this one included
+    waiting_ewma: float = 0.0  #: requests waiting (and preempted), smoothed
 
 
 @dataclass(frozen=True)
@@ -84,7 +90,9 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float) ->
     need = prev.need_ewma + alpha * (wanted - prev.need_ewma)
     working = max(float(obs.used_bytes), prev.working_set * WORKING_SET_DECAY)
     streak = prev.short_rounds + 1 if short else 0
-    return replace(prev, need_ewma=need, working_set=working, per_request=per, short_rounds=streak)
+    queue = 0.5 * prev.waiting_ewma + 0.5 * (obs.waiting_requests + obs.preemptions)
+    return replace(prev, need_ewma=need, working_set=working, per_request=per, short_rounds=streak,
+                   waiting_ewma=queue)  # fmt: skip
 
 
 def need(m: ModelBudget, mem: ModelMemory) -> int:
@@ -142,17 +150,18 @@ def plan_demand(
     return Plan(new, shrinks, grows), Memory(now, mems)
 
 
+def _wants(mem: ModelMemory, now: int, dwell: int) -> bool:
+    """Short long enough, with a queue deep enough, and not shrunk within its dwell."""
+    return mem.short_rounds >= PERSIST and mem.waiting_ewma >= QUEUE and now - mem.last_shrink > dwell
+
+
 def _one_move(
     group: GroupPolicy, active: list[ModelBudget], observed: Mapping[str, Observation], target: Mapping[str, int],
     mems: Mapping[str, ModelMemory], now: int, free: int, default: float,
 ) -> tuple[str | None, str, int] | None:  # fmt: skip
     """(donor or None for free budget, recipient, bytes), or None when no move is worth it."""
     limit = {m.name: observed[m.name].limit_bytes for m in active}
-    short = [
-        m for m in active
-        if mems[m.name].short_rounds >= PERSIST and target[m.name] > limit[m.name]
-        and now - mems[m.name].last_shrink > group.dwell_rounds
-    ]  # fmt: skip
+    short = [m for m in active if target[m.name] > limit[m.name] and _wants(mems[m.name], now, group.dwell_rounds)]
     out_of_bounds = [m for m in active if limit[m.name] < m.min_bytes]
     wanting = out_of_bounds or short
     if not wanting:
@@ -170,6 +179,7 @@ def _one_move(
         return None
     donor = max(donors, key=lambda m: limit[m.name] - target[m.name])
     amount = min(deficit, limit[donor.name] - target[donor.name], group.max_step_bytes)
-    if amount < group.hysteresis_bytes and limit[recipient.name] >= recipient.min_bytes:
+    worth = max(group.hysteresis_bytes, mems[recipient.name].per_request or default)
+    if amount < worth and limit[recipient.name] >= recipient.min_bytes:
         return None
     return donor.name, recipient.name, max(0, amount)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvpool_operator.demand import PERSIST, Memory, need, plan_demand, targets
+from kvpool_operator.demand import PERSIST, QUEUE, Memory, need, plan_demand, targets
 from kvpool_operator.policy import GroupPolicy, Infeasible, ModelBudget, Observation, Plan
 
 MiB = 1 << 20
@@ -91,7 +91,9 @@ def test_the_budget_and_bounds_hold_with_at_most_one_move_toward_a_short_model(
             assert abs(new - old) <= group.max_step_bytes
             if new > old:
                 assert obs.reachable
-                assert memory.models[m.name].short_rounds >= PERSIST or old < m.min_bytes
+                assert (
+                    memory.models[m.name].short_rounds >= PERSIST and memory.models[m.name].waiting_ewma >= QUEUE
+                ) or (old < m.min_bytes)
             if not obs.reachable:
                 assert new == old
         if result.grows:  # every move brings the limits closer to the fair targets
