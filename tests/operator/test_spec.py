@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from kvpool_operator.policy import Arbitration
 from kvpool_operator.spec import SpecError, parse_group, quantity
 
 GiB, MiB = 1 << 30, 1 << 20
@@ -31,6 +32,12 @@ def test_a_representative_spec_parses_with_defaults() -> None:
     ]
     assert (group.interval_s, group.policy.hysteresis_bytes, group.policy.max_step_bytes) == (10.0, 64 * MiB, GiB)
     assert group.models[0].model == "/models/llama"
+    assert (group.policy.arbitration, group.policy.dwell_rounds) == (Arbitration.DEMAND, 3)  # 3 intervals
+
+
+def test_the_policy_and_its_dwell_are_chosen_in_the_spec() -> None:
+    group = parse_group(make_spec(rebalance={"intervalSeconds": 4, "policy": "proportional", "minDwellSeconds": 10}))
+    assert (group.policy.arbitration, group.policy.dwell_rounds) == (Arbitration.PROPORTIONAL, 3)  # ceil(10 / 4)
 
 
 @pytest.mark.parametrize(("value", "expected"), [(5, 5), ("512Mi", 512 * MiB), ("3G", 3 * 10**9), ("7", 7)])
@@ -48,6 +55,8 @@ def test_quantities(value: Any, expected: int) -> None:
         ({"models": [{"name": "a", "model": "m", "minBytes": 5, "maxBytes": 4}]}, "minBytes (5) must not exceed"),
         ({"models": [{"name": "a", "model": "m", "minBytes": 0, "maxBytes": 4, "weight": 0}]}, ".weight: 0"),
         ({"rebalance": {"intervalSeconds": 0}}, "spec.rebalance.intervalSeconds"),
+        ({"rebalance": {"policy": "greedy"}}, "spec.rebalance.policy: 'greedy' is not a policy; use one of demand"),
+        ({"rebalance": {"minDwellSeconds": -1}}, "spec.rebalance.minDwellSeconds: -1 must be a number of seconds"),
         ({"gpuMemoryBudgetBytes": "6Gi"}, "add up to 8589934592 bytes, more than spec.gpuMemoryBudgetBytes"),
     ],
 )
