@@ -11,13 +11,14 @@ computes. Configurations alternate their order from one workload to the next.
 Output: one table per workload with every configuration side by side and ratios to static (the
 same tier setting), per model and overall; compute saturation (CPU utilisation of each engine,
 the deepest queue) beside it; results/bench_colocation.json and PNGs (memory per model over time;
-TTFT CDF per configuration).
+TTFT CDF per configuration); every server's log in results/colocation-logs/.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -117,6 +118,10 @@ def run(setup: Setup, cfg: Config, work: Workload, seed: int, shape: Shape, tmp:
                 proc.terminate()
             for proc, _ in servers.values():
                 proc.wait(timeout=120)
+            logs = RESULTS / "colocation-logs" / work.name  # every server's log, for a run that went wrong
+            logs.mkdir(parents=True, exist_ok=True)
+            for log in Path(d).glob("*.log"):
+                shutil.copy(log, logs / log.name)
 
 
 def main(argv: list[str] | None = None) -> None:
