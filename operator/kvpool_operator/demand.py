@@ -19,7 +19,8 @@ what it holds plus what its waiting requests would hold:
 Against flapping: a model must be short two rounds in a row, with two or more requests waiting
 on average, before it is granted (a Poisson spike of a steady load is not a trend; a burst's
 queue of tens is), and no model reverses within its dwell (one that grew is not a donor, one
-that shrank is not a recipient). Fast grow, slower shrink: the EWMA rises with alpha 0.7 and
+that shrank is not a recipient). A spec change that leaves limits above a maximum or over the budget is undone first, by
+shrinks alone (the Balancer applies them before any grant). Fast grow, slower shrink: the EWMA rises with alpha 0.7 and
 decays with 0.5; the working set (the recent peak of what a model used) decays 15% a round, so
 a donor keeps its recent high-water mark unless the budget is contested -- giving a steady load's
 memory away down to its momentary use made it short a few seconds later (12 moves a minute).
@@ -136,6 +137,10 @@ def plan_demand(
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
     target = targets(active, {m.name: need(m, mems[m.name]) for m in active}, group.budget_bytes - pinned)
+    restored = _restore(group, active, old, target)
+    if restored is not None:  # a spec change put limits above a maximum or the budget: fix that first
+        shrinks = tuple(n for n in restored if restored[n] < old[n])
+        return Plan(restored, shrinks, ()), Memory(now, mems)
     new = dict(old)
     move = _one_move(group, active, observed, target, mems, now, group.budget_bytes - sum(old.values()), default)
     if move is not None:
@@ -148,6 +153,24 @@ def plan_demand(
     shrinks = tuple(n for n in new if new[n] < old[n])
     grows = tuple(n for n in new if new[n] > old[n])
     return Plan(new, shrinks, grows), Memory(now, mems)
+
+
+def _restore(
+    group: GroupPolicy, active: list[ModelBudget], old: Mapping[str, int], target: Mapping[str, int]
+) -> dict[str, int] | None:
+    """Limits back under every maximum and within the budget, by shrinks alone: the model
+    furthest above its target first, down to its target, then toward its minimum. None when
+    nothing is out of bounds (the usual round)."""
+    new = dict(old)
+    for m in active:
+        new[m.name] = min(new[m.name], m.max_bytes)
+    over = sum(new.values()) - group.budget_bytes
+    for floor in (target, {m.name: m.min_bytes for m in active}):
+        for m in sorted(active, key=lambda m: new[m.name] - floor[m.name], reverse=True):
+            cut = min(max(over, 0), max(0, new[m.name] - floor[m.name]))
+            new[m.name] -= cut
+            over -= cut
+    return new if new != dict(old) else None
 
 
 def _wants(mem: ModelMemory, now: int, dwell: int) -> bool:

@@ -5,7 +5,7 @@ lowers the modelled objective (the distance from the fair targets)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -197,3 +197,19 @@ def test_a_model_whose_limit_holds_no_request_still_gets_memory() -> None:
     second, _ = plan_demand(group, observed, memory)
     assert isinstance(second, Plan)
     assert second.grows == ("b",)
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(), st.floats(0.3, 1.0))
+def test_a_budget_cut_is_met_by_shrinks_alone(case: tuple[GroupPolicy, Rounds], cut: float) -> None:
+    """The budget lowered under the limits (a spec change): the next plan fits it, and grows nothing."""
+    group, rounds = case
+    limits = starting_limits(group)
+    floor = sum(m.min_bytes for m in group.models)
+    smaller = replace(group, budget_bytes=max(floor, int(group.budget_bytes * cut)))
+    observed = {n: replace(o, reachable=True) for n, o in observe(limits, rounds[0]).items()}
+    result, _ = plan_demand(smaller, observed, Memory())
+    assert isinstance(result, Plan)
+    assert sum(result.limits.values()) <= smaller.budget_bytes
+    assert result.grows == ()
+    assert all(m.min_bytes <= result.limits[m.name] <= m.max_bytes for m in group.models)
