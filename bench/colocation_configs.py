@@ -12,8 +12,8 @@ Both policies run the operator's own round code (``kvpool_operator.balance.Balan
 first, grants within headroom) over the admin API, without Kubernetes. Each configuration runs
 with the CPU tier off and on (``+tier``), so the tier's share is reported apart.
 
-Every engine is pinned to its own core (``taskset`` + ``VLLM_CPU_OMP_THREADS_BIND``); with more
-models than cores, models share cores round-robin, and the report says so.
+On the CPU every engine is pinned to its own core (``taskset`` + ``VLLM_CPU_OMP_THREADS_BIND``);
+with more models than cores, models share cores round-robin, and the report says so.
 """
 
 from __future__ import annotations
@@ -85,8 +85,11 @@ def start_servers(setup: Setup, cfg: Config, models: tuple[str, ...], tmp: Path)
 
     def one(i: int, name: str) -> tuple[Any, Endpoint]:
         port, core = free_port(), core_of(i)
-        cmd = ["taskset", "-c", str(core), *server_cmd(setup, cfg, name, port, len(models), tmp)]
-        proc = start(cmd, port, tmp / f"{name}-{cfg.name}.log", {"VLLM_CPU_OMP_THREADS_BIND": str(core)})
+        cmd = server_cmd(setup, cfg, name, port, len(models), tmp)
+        env = {}
+        if setup.backend == "host":  # on a GPU the device computes: no core of its own needed
+            cmd, env = ["taskset", "-c", str(core), *cmd], {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
+        proc = start(cmd, port, tmp / f"{name}-{cfg.name}.log", env)
         return proc, Endpoint("127.0.0.1", name, port)
 
     with concurrent.futures.ThreadPoolExecutor(len(models)) as ex:

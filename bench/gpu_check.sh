@@ -32,9 +32,9 @@ status=0
 "$PYTHON" -m bench.gpu_attention || status=$?
 "$PYTHON" -m bench.gpu_summary summary
 # The colocation headline on real hardware (needs vLLM and a local model): set KVPOOL_GPU_MODEL.
+# Its calibration sets the rates from what one engine serves on this device.
 if [ -n "${KVPOOL_GPU_MODEL:-}" ]; then
   "$PYTHON" -m bench.bench_colocation --backend cuda --model "$KVPOOL_GPU_MODEL" \
-    --budget "${KVPOOL_GPU_BUDGET:-8589934592}" --offload-bytes "${KVPOOL_GPU_OFFLOAD:-4294967296}" \
-    --heavy-rate 20 --prompt-tokens 1000 3000 --max-tokens 64 256
+    --budget "${KVPOOL_GPU_BUDGET:-8589934592}" --offload-bytes "${KVPOOL_GPU_OFFLOAD:-4294967296}"
 fi
 exit "$status"
