@@ -38,7 +38,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from kvpool_operator.policy import GroupPolicy, Infeasible, ModelBudget, Observation, Plan, check_feasible
+from kvpool_operator.policy import (
+    GroupPolicy,
+    Infeasible,
+    ModelBudget,
+    Observation,
+    Plan,
+    check_feasible,
+    water_fill,
+)
 
 RISE, DECAY, WORKING_SET_DECAY, HEADROOM = 0.7, 0.5, 0.85, 1.1
 PERSIST = 2  #: rounds in a row a model must be short before it is granted memory
@@ -103,23 +111,7 @@ def need(m: ModelBudget, mem: ModelMemory) -> int:
 def targets(models: list[ModelBudget], needs: Mapping[str, int], budget: int) -> dict[str, int]:
     """Everyone's need if the budget allows; otherwise minimums first, then the rest by weight,
     no one above its need (what one cannot use goes to the others)."""
-    out = {m.name: m.min_bytes for m in models}
-    left = budget - sum(out.values())
-    open_ = [m for m in models if needs[m.name] > out[m.name]]
-    while left > 0 and open_:
-        total = sum(m.weight for m in open_)
-        given, capped = 0, []
-        for m in open_:
-            take = min(int(left * m.weight / total), needs[m.name] - out[m.name])
-            out[m.name] += take
-            given += take
-            if out[m.name] >= needs[m.name]:
-                capped.append(m)
-        left -= given
-        open_ = [m for m in open_ if m not in capped]
-        if not capped:
-            break  # rounding leftovers only
-    return out
+    return water_fill(models, {m.name: m.weight for m in models}, needs, budget)
 
 
 def plan_demand(

@@ -140,20 +140,26 @@ def plan(group: GroupPolicy, observed: Mapping[str, Observation]) -> Plan | Infe
 def _water_fill(models: Sequence[ModelBudget], press: Mapping[str, float], budget: int) -> dict[str, int]:
     """Minimums first, then the rest by weight x pressure; a model at its maximum gives its
     surplus back to the others."""
+    weights = {m.name: m.weight * press[m.name] for m in models}
+    return water_fill(models, weights, {m.name: m.max_bytes for m in models}, budget)
+
+
+def water_fill(models: Sequence[ModelBudget], weight: Mapping[str, float], cap: Mapping[str, int],
+               budget: int) -> dict[str, int]:  # fmt: skip
+    """Every minimum, then the rest of ``budget`` shared by ``weight``, no model above its ``cap``
+    (what a capped model cannot take goes to the others). Both policies split memory with it."""
     target = {m.name: m.min_bytes for m in models}
-    open_ = [m for m in models if m.max_bytes > m.min_bytes]
+    open_ = [m for m in models if cap[m.name] > target[m.name]]
     left = budget - sum(target.values())
     while left > 0 and open_:
-        total = sum(m.weight * press[m.name] for m in open_)
+        total = sum(weight[m.name] for m in open_)
         capped = []
         given = 0
         for m in open_:
-            share = int(left * m.weight * press[m.name] / total)
-            room = m.max_bytes - target[m.name]
-            take = min(share, room)
+            take = min(int(left * weight[m.name] / total), cap[m.name] - target[m.name])
             target[m.name] += take
             given += take
-            if take == room:
+            if target[m.name] >= cap[m.name]:
                 capped.append(m)
         left -= given
         open_ = [m for m in open_ if m not in capped]

@@ -5,6 +5,7 @@ lowers the modelled objective (the distance from the fair targets)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from hypothesis import given, settings
@@ -70,17 +71,28 @@ def objective(group: GroupPolicy, observed: dict[str, Observation], memory: Memo
     return sum(abs(limits[m.name] - target[m.name]) for m in active)
 
 
+Step = tuple[dict[str, Observation], Plan, Memory, dict[str, int]]
+
+
+def rollout(group: GroupPolicy, rounds: Rounds) -> Iterator[Step]:
+    """Plan round after round, each round's limits the previous plan's: (observed, plan, memory,
+    limits before the plan)."""
+    limits, memory = starting_limits(group), Memory()
+    for loads in rounds:
+        observed = observe(limits, loads)
+        result, memory = plan_demand(group, observed, memory)
+        assert isinstance(result, Plan)
+        yield observed, result, memory, limits
+        limits = result.limits
+
+
 @settings(max_examples=300, deadline=None)
 @given(scenarios())
 def test_the_budget_and_bounds_hold_with_at_most_one_move_toward_a_short_model(
     case: tuple[GroupPolicy, Rounds],
 ) -> None:
     group, rounds = case
-    limits, memory = starting_limits(group), Memory()
-    for loads in rounds:
-        observed = observe(limits, loads)
-        result, memory = plan_demand(group, observed, memory)
-        assert isinstance(result, Plan)
+    for observed, result, memory, limits in rollout(group, rounds):
         assert sum(result.limits.values()) <= group.budget_bytes
         assert len(result.shrinks) <= 1
         assert len(result.grows) <= 1
@@ -98,7 +110,6 @@ def test_the_budget_and_bounds_hold_with_at_most_one_move_toward_a_short_model(
                 assert new == old
         if result.grows:  # every move brings the limits closer to the fair targets
             assert objective(group, observed, memory, result.limits) < objective(group, observed, memory, limits)
-        limits = result.limits
 
 
 @settings(max_examples=200, deadline=None)
@@ -107,17 +118,12 @@ def test_a_donor_keeps_its_need_while_the_budget_covers_every_need(
     case: tuple[GroupPolicy, Rounds],
 ) -> None:
     group, rounds = case
-    limits, memory = starting_limits(group), Memory()
-    for loads in rounds:
-        observed = observe(limits, loads)
-        result, memory = plan_demand(group, observed, memory)
-        assert isinstance(result, Plan)
+    for observed, result, memory, limits in rollout(group, rounds):
         needs = {m.name: need(m, memory.models[m.name]) for m in group.models if observed[m.name].reachable}
         pinned = sum(limits[m.name] for m in group.models if not observed[m.name].reachable)  # they keep their limits
         if sum(needs.values()) <= group.budget_bytes - pinned:
             for name in result.shrinks:
                 assert result.limits[name] >= needs[name]
-        limits = result.limits
 
 
 def two_models(dwell: int = 3) -> GroupPolicy:
