@@ -3,7 +3,10 @@
 The schema rejects what it can at admission (required fields, types, ranges, name pattern);
 :mod:`kvpool_operator.spec` checks the rest (min <= max, minimums within the budget) and names
 the field. Kept within what Kubernetes 1.20 serves (no CEL rules), so it installs on the oldest
-API server the tests run against.
+API server the tests run against. PodSpec content in ``workload.pod`` (an affinity, a toleration,
+a volume source, an env entry) is an object whose unknown fields are kept
+(``x-kubernetes-preserve-unknown-fields``): the API server validates it when the operator applies
+the Deployment, and copying PodSpec's whole schema here would pin it to one Kubernetes version.
 """
 
 from __future__ import annotations
@@ -16,6 +19,75 @@ GROUP, VERSION, KIND, PLURAL = "kvpool.dev", "v1alpha1", "ColocatedModels", "col
 
 # One source for the patterns: what the API server admits, the parser reads.
 _BYTES = {"x-kubernetes-int-or-string": True, "pattern": QUANTITY_RE.pattern}
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_QUANTITY_MAP = {"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": True}}  # 8, 500m, 64Gi
+_ANY = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+_VOLUME_SOURCE = {**_ANY, "minProperties": 1, "maxProperties": 1,
+                  "description": "one Volume source, e.g. {persistentVolumeClaim: {claimName: models}}"}  # fmt: skip
+
+
+def _objects(*required: str) -> dict[str, Any]:
+    """A list of PodSpec objects (passed through), each with ``required`` non-empty strings."""
+    item: dict[str, Any] = dict(_ANY)
+    if required:
+        item |= {"required": list(required), "properties": {k: {"type": "string", "minLength": 1} for k in required}}
+    return {"type": "array", "items": item}
+
+
+def _pod_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "PodSpec fields laid over the group's pods; env, envFrom, volumeMounts and resources go "
+        "to the model containers",
+        "properties": {
+            "nodeSelector": _STRING_MAP,
+            "tolerations": {**_objects(), "description": "default with device gpu: tolerate nvidia.com/gpu"},
+            "affinity": _ANY,
+            "resources": {"type": "object", "properties": {"requests": _QUANTITY_MAP, "limits": _QUANTITY_MAP}},
+            "imagePullSecrets": _objects("name"),
+            "priorityClassName": {"type": "string"},
+            "serviceAccountName": {"type": "string"},
+            "env": _objects("name"),
+            "envFrom": _objects(),
+            "volumes": _objects("name"),
+            "volumeMounts": _objects("name", "mountPath"),
+            "labels": _STRING_MAP,
+            "annotations": _STRING_MAP,
+        },
+    }
+
+
+def _workload_schema() -> dict[str, Any]:
+    hugging_face = {
+        "type": "object",
+        "properties": {
+            "download": {"type": "boolean", "description": "fetch missing models (default false: HF_HUB_OFFLINE=1)"},
+            "tokenSecret": {"type": "string", "description": "Secret with key 'token' for HF_TOKEN"},
+            "cacheVolume": {**_VOLUME_SOURCE, "description": "HF_HOME, at /hf-cache (default emptyDir)"},
+        },
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "mode": {
+                "type": "string",
+                "enum": ["devicePlugin", "dra"],
+                "description": "devicePlugin (default): one container holds nvidia.com/gpu: 1 and runs "
+                "every model's server; dra: a shared ResourceClaim (Kubernetes >= 1.34)",
+            },
+            "device": {"type": "string", "enum": ["gpu", "cpu"],
+                       "description": "gpu (default) or cpu: --backend host, no GPU, devicePlugin mode only"},
+            "replicas": {"type": "integer", "minimum": 0, "maximum": 64},
+            "image": {"type": "string", "minLength": 1},
+            "adminTokenSecret": {"type": "string", "description": "Secret with key 'token' for the admin API"},
+            "offloadBytes": {**_BYTES, "description": "CPU offload tier per model"},
+            "deviceClassName": {"type": "string", "description": "DRA DeviceClass (default gpu.nvidia.com)"},
+            "modelVolume": {**_VOLUME_SOURCE, "description": "the models' volume, mounted read-only"},
+            "modelMountPath": {"type": "string", "pattern": "^/", "description": "default /models"},
+            "huggingFace": hugging_face,
+            "pod": _pod_schema(),
+        },
+    }  # fmt: skip
 
 
 def _model_schema() -> dict[str, Any]:
@@ -25,7 +97,8 @@ def _model_schema() -> dict[str, Any]:
         "properties": {
             "name": {"type": "string", "pattern": NAME_RE.pattern,
                      "description": "DNS label; names the model's Service and container"},
-            "model": {"type": "string", "minLength": 1, "description": "model path or id"},
+            "model": {"type": "string", "minLength": 1,
+                      "description": "model path or Hugging Face id; tiny: the embedded random test model"},
             "minBytes": {**_BYTES, "description": "KV memory this model always keeps"},
             "maxBytes": {**_BYTES, "description": "KV memory this model never exceeds"},
             "weight": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
@@ -42,22 +115,7 @@ def _spec_schema() -> dict[str, Any]:
         "properties": {
             "gpuMemoryBudgetBytes": {**_BYTES, "description": "GPU memory all the group's KV pools may use"},
             "models": {"type": "array", "minItems": 1, "items": _model_schema()},
-            "workload": {
-                "type": "object",
-                "properties": {
-                    "mode": {
-                        "type": "string",
-                        "enum": ["devicePlugin", "dra"],
-                        "description": "devicePlugin (default): one container holds nvidia.com/gpu: 1 and runs "
-                        "every model's server; dra: a shared ResourceClaim (Kubernetes >= 1.34)",
-                    },
-                    "replicas": {"type": "integer", "minimum": 0, "maximum": 64},
-                    "image": {"type": "string", "minLength": 1},
-                    "adminTokenSecret": {"type": "string", "description": "Secret with key 'token' for the admin API"},
-                    "offloadBytes": {**_BYTES, "description": "CPU offload tier per model"},
-                    "deviceClassName": {"type": "string", "description": "DRA DeviceClass (default gpu.nvidia.com)"},
-                },
-            },
+            "workload": _workload_schema(),
             "rebalance": {
                 "type": "object",
                 "properties": {
@@ -112,20 +170,26 @@ def build_crd() -> dict[str, Any]:
 
 def _json_schema(node: dict[str, Any]) -> dict[str, Any]:
     """The CRD's OpenAPI v3 schema as the JSON Schema Helm checks values with: byte fields become
-    the ``bytes`` definition, objects refuse unknown keys (a typo names its key at
-    ``helm install``), 1.20's boolean ``exclusiveMinimum`` becomes the numeric one."""
+    the ``bytes`` definition (other int-or-string ones, integer or string), objects refuse unknown
+    keys (a typo names its key at ``helm install``) unless they pass PodSpec content through,
+    1.20's boolean ``exclusiveMinimum`` becomes the numeric one."""
     if node.get("x-kubernetes-int-or-string"):
-        return {"$ref": "#/definitions/bytes"}
-    out = {k: v for k, v in node.items() if k not in ("description", "exclusiveMinimum", "properties", "items")}
+        is_bytes = node.get("pattern") == QUANTITY_RE.pattern
+        return {"$ref": "#/definitions/bytes"} if is_bytes else {"type": ["integer", "string"]}
+    nested = ("properties", "items", "additionalProperties")
+    out = {k: v for k, v in node.items() if k not in ("description", "exclusiveMinimum", *nested)
+           and not k.startswith("x-kubernetes-")}  # fmt: skip
     if node.get("exclusiveMinimum") is True:
         out["exclusiveMinimum"] = out.pop("minimum")
     if node.get("enum"):
         out.pop("type", None)
     if "properties" in node:
-        out["additionalProperties"] = False
+        if not node.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
         out["properties"] = {k: _json_schema(v) for k, v in node["properties"].items()}
-    if "items" in node:
-        out["items"] = _json_schema(node["items"])
+    for key in ("items", "additionalProperties"):
+        if key in node:
+            out[key] = _json_schema(node[key])
     return out
 
 

@@ -10,10 +10,19 @@ raise it as a ``kopf.PermanentError`` unchanged.
         - {name: qwen,  model: /models/qwen-7b,      minBytes: 4Gi, maxBytes: 30Gi}
       workload:                           # optional; these are the defaults
         mode: devicePlugin                # or dra (Kubernetes >= 1.34 with the NVIDIA DRA driver)
+        device: gpu                       # or cpu: --backend host, no GPU (devicePlugin mode only)
         replicas: 1                       # pods, one GPU each; every pod is balanced on its own
-        image: ghcr.io/kvpool/kvpool:0.1.0
+        image: ghcr.io/kvpool/kvpool:0.1.0  # -cpu appended for device cpu
         adminTokenSecret: ""              # Secret (key "token") guarding the servers' admin API
         offloadBytes: 0                   # CPU tier per model (a memory-backed /dev/shm that large)
+        modelVolume: {persistentVolumeClaim: {claimName: models}}  # none by default
+        modelMountPath: /models           # where modelVolume is mounted, read-only
+        huggingFace: {download: false, tokenSecret: "", cacheVolume: {emptyDir: {}}}  # none by default
+        pod: {}                           # PodSpec fields laid over the pod (kvpool_operator.podspec);
+                                          # with device gpu and no tolerations: nvidia.com/gpu tolerated
+
+Without ``huggingFace`` (or with ``download: false``) the servers run with ``HF_HUB_OFFLINE=1``:
+``models[].model`` is a path, from ``modelVolume`` or the image.
 """
 
 from __future__ import annotations
@@ -22,17 +31,17 @@ import enum
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from kvpool_operator import podspec
+from kvpool_operator.fields import SpecError as SpecError  # raised here, imported from here by the handlers
+from kvpool_operator.podspec import HuggingFace, ModelVolume, PodOverlay
 from kvpool_operator.policy import Arbitration, GroupPolicy, ModelBudget
 
 _UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9}
 QUANTITY_RE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G)?$")
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
-
-
-class SpecError(ValueError):
-    """The resource's spec is invalid; the message names the field and the fix."""
+E = TypeVar("E", bound=enum.Enum)
 
 
 @dataclass(frozen=True)
@@ -49,17 +58,29 @@ class Mode(enum.Enum):
     DRA = "dra"  #: one ResourceClaim shared by one container per model (Kubernetes >= 1.34)
 
 
+class Device(enum.Enum):
+    """What the model servers compute on."""
+
+    GPU = "gpu"  #: --backend cuda (CUDA graphs on), one GPU per pod
+    CPU = "cpu"  #: --backend host, no GPU requested; the image's CPU build (tag suffix -cpu)
+
+
 DEFAULT_IMAGE = "ghcr.io/kvpool/kvpool:0.1.0"
+CPU_IMAGE_SUFFIX = "-cpu"  # the image's CPU target is published as <tag>-cpu (the chart does the same)
 
 
 @dataclass(frozen=True)
 class Workload:
     mode: Mode = Mode.DEVICE_PLUGIN
+    device: Device = Device.GPU
     replicas: int = 1
-    image: str = DEFAULT_IMAGE
+    image: str = DEFAULT_IMAGE  #: default: DEFAULT_IMAGE, with CPU_IMAGE_SUFFIX for device cpu
     admin_token_secret: str = ""
     offload_bytes: int = 0
     device_class: str = "gpu.nvidia.com"
+    model_volume: ModelVolume | None = None  #: none: model paths are in the image (or downloaded)
+    hugging_face: HuggingFace | None = None  #: none: no hub cache volume, HF_HUB_OFFLINE=1
+    pod: PodOverlay = field(default_factory=PodOverlay)
 
 
 @dataclass(frozen=True)
@@ -133,14 +154,14 @@ def _arbitration(name: Any) -> Arbitration:
 def _workload(raw: Any) -> Workload:
     if not isinstance(raw, dict):
         raise SpecError("spec.workload: must be an object")
-    try:
-        mode = Mode(raw.get("mode", Mode.DEVICE_PLUGIN.value))
-    except ValueError:
-        raise SpecError(f"spec.workload.mode: {raw.get('mode')!r} must be devicePlugin or dra") from None
+    mode, device = _choice(Mode, raw, "mode", Mode.DEVICE_PLUGIN), _choice(Device, raw, "device", Device.GPU)
+    if mode is Mode.DRA and device is Device.CPU:
+        raise SpecError("spec.workload.device: cpu needs mode devicePlugin (dra mode shares a claimed GPU)")
     replicas = raw.get("replicas", 1)
     if not isinstance(replicas, int) or isinstance(replicas, bool) or not 0 <= replicas <= 64:
         raise SpecError(f"spec.workload.replicas: {replicas!r} must be an integer in 0..64")
-    image = raw.get("image", DEFAULT_IMAGE)
+    default_image = DEFAULT_IMAGE + (CPU_IMAGE_SUFFIX if device is Device.CPU else "")
+    image = raw.get("image", default_image)
     secret = raw.get("adminTokenSecret", "")
     for key, value in (
         ("image", image),
@@ -151,11 +172,24 @@ def _workload(raw: Any) -> Workload:
             raise SpecError(f"spec.workload.{key}: must be a string")
     if not image:
         raise SpecError("spec.workload.image: give the kvpool image to run")
+    model_volume = podspec.parse_model_volume(raw)
+    hugging_face = podspec.parse_hugging_face(raw.get("huggingFace"))
+    mounts = podspec.builder_mounts(model_volume, hugging_face)
     return Workload(
-        mode=mode, replicas=replicas, image=image, admin_token_secret=secret,
+        mode=mode, device=device, replicas=replicas, image=image, admin_token_secret=secret,
         offload_bytes=quantity(raw.get("offloadBytes", 0), "spec.workload.offloadBytes"),
         device_class=raw.get("deviceClassName") or "gpu.nvidia.com",
+        model_volume=model_volume, hugging_face=hugging_face,
+        pod=podspec.parse_pod(raw.get("pod", {}), mounts, gpu=device is Device.GPU),
     )  # fmt: skip
+
+
+def _choice(kind: type[E], raw: dict[str, Any], key: str, default: E) -> E:
+    try:
+        return kind(raw.get(key, default.value))
+    except ValueError:
+        choices = " or ".join(str(member.value) for member in kind)
+        raise SpecError(f"spec.workload.{key}: {raw.get(key)!r} must be {choices}") from None
 
 
 def _model(raw: Any, path: str) -> tuple[ModelBudget, ModelSpec]:

@@ -73,6 +73,24 @@ def test_representative_values_render_groups_and_secure_pods() -> None:
         assert labels.get("app.kubernetes.io/instance") == "kv", d["kind"]
 
 
+def test_a_cpu_group_runs_the_cpu_image_unless_its_workload_names_one() -> None:
+    model = {"name": "a", "model": "/models/a", "minBytes": 0, "maxBytes": "1Gi"}
+    groups = [
+        {"name": "gpu", "gpuMemoryBudgetBytes": "1Gi", "models": [model]},
+        {"name": "cpu", "gpuMemoryBudgetBytes": "1Gi", "workload": {"device": "cpu"}, "models": [model]},
+        {"name": "own", "gpuMemoryBudgetBytes": "1Gi", "workload": {"device": "cpu", "image": "me/kvpool:dev",
+                                                                    "pod": {"nodeSelector": {"pool": "cpu"}}},
+         "models": [model]},
+    ]  # fmt: skip
+    docs = render("--set", "image.tag=1.2.3", "--set-json", f"groups={json.dumps(groups)}")
+    workloads = {d["metadata"]["name"]: d["spec"]["workload"] for d in docs if d["kind"] == "ColocatedModels"}
+    images = {name: w["image"] for name, w in workloads.items()}
+    repo = "ghcr.io/kvpool/kvpool"
+    assert images == {"gpu": f"{repo}:1.2.3", "cpu": f"{repo}:1.2.3-cpu", "own": "me/kvpool:dev"}
+    assert workloads["own"] == {"image": "me/kvpool:dev", "adminTokenSecret": "kv-kvpool-admin-token",
+                                "device": "cpu", "pod": {"nodeSelector": {"pool": "cpu"}}}  # fmt: skip
+
+
 def test_monitoring_objects_need_the_prometheus_operator() -> None:
     kinds = {d["kind"] for d in render()}
     assert "ServiceMonitor" not in kinds
@@ -108,6 +126,8 @@ def test_the_chart_carries_exactly_the_operators_crd_and_rbac_rules() -> None:
           "--set", "groups[0].models[0].name=a"], "/groups/0/name"),
         (["--set-json", 'groups=[{"name":"g","gpuMemoryBudgetBytes":"lots","models":[]}]'], "gpuMemoryBudgetBytes"),
         (["--set", "monitoring.prometheusRule.nearBudgetRatio=2"], "nearBudgetRatio"),
+        (["--set-json", 'groups=[{"name":"g","gpuMemoryBudgetBytes":1,"models":[{"name":"a","model":"m","minBytes":0,'
+          '"maxBytes":1}],"workload":{"pod":{"nodeSelectors":{}}}}]'], "/groups/0/workload/pod"),
     ],
 )  # fmt: skip
 def test_the_values_schema_rejects_bad_values_with_the_key_named(values: list[str], message: str) -> None:

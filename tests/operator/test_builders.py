@@ -1,5 +1,6 @@
-"""The builders: exact manifests for representative specs, both GPU modes, owner references
-everywhere, and every manifest valid for Kubernetes 1.34 and 1.37 (offline schemas, strict)."""
+"""The builders: exact manifests for representative specs, both GPU modes and the CPU device, the
+pod overlay where it belongs, owner references everywhere, and every manifest valid for
+Kubernetes 1.34 and 1.37 (offline schemas, strict)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kvpool_operator.builders import deployment, manifests, services
+from kvpool_operator.podspec import BUILDER_LABELS
 from kvpool_operator.policy import initial_limits
-from kvpool_operator.spec import parse_group
+from kvpool_operator.spec import SpecError, parse_group
 
 GiB = 1 << 30
 BODY = {"metadata": {"name": "pair", "namespace": "ml", "uid": "u-1"}}
@@ -87,6 +91,7 @@ def test_the_device_plugin_deployment_is_exactly_this() -> None:
                 "volumes": [{"name": "tmp", "emptyDir": {}},
                             {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(5 * GiB)}}],
                 "terminationGracePeriodSeconds": 60,
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             }},
         },
     }  # fmt: skip
@@ -124,8 +129,200 @@ def test_services_one_per_model_and_one_for_the_group_on_its_router() -> None:
     assert all(s["metadata"]["ownerReferences"] == [OWNER] for s in svcs)
 
 
-@pytest.mark.parametrize("version", ["1.34", "1.37"])
+# spec.workload: device, model sources and the pod overlay, where each lands in the Deployment
+
+OVERLAY: dict[str, Any] = {
+    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}}},
+    "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "96Gi"}},
+    "imagePullSecrets": [{"name": "registry"}],
+    "priorityClassName": "inference",
+    "serviceAccountName": "models",
+    "env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}, {"name": "HOME", "value": "/scratch"}],
+    "envFrom": [{"configMapRef": {"name": "tuning"}}],
+    "volumes": [{"name": "scratch", "emptyDir": {}}],
+    "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}],
+    "labels": {"team": "ml"},
+    "annotations": {"example.com/owner": "ml"},
+}  # fmt: skip
+POD_FIELDS = {
+    "nodeSelector": OVERLAY["nodeSelector"], "tolerations": OVERLAY["tolerations"], "affinity": OVERLAY["affinity"],
+    "imagePullSecrets": [{"name": "registry"}], "priorityClassName": "inference", "serviceAccountName": "models",
+}  # fmt: skip
+MODELS_PVC = {"persistentVolumeClaim": {"claimName": "models"}}
+
+
+def pod_of(**workload: Any) -> dict[str, Any]:
+    pod: dict[str, Any] = deployment(BODY, parse_group(spec(**workload)))["spec"]["template"]["spec"]
+    return pod
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    env = container["env"]
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in env if e["name"] != "KVPOOL_GROUP_SERVERS"}
+
+
+def server_argvs(pod: dict[str, Any]) -> list[list[str]]:
+    """Every model server's argv: from the launcher's list (devicePlugin) or the containers (dra)."""
+    (first, *rest) = pod["containers"]
+    if first["name"] == "models":
+        servers = json.loads(next(e["value"] for e in first["env"] if e["name"] == "KVPOOL_GROUP_SERVERS"))
+        return [s["args"] for s in servers if s["name"] != "router"]
+    return [c["command"][3:] for c in rest]
+
+
 @pytest.mark.parametrize("mode", ["devicePlugin", "dra"])
-def test_every_manifest_is_valid_for_current_kubernetes(version: str, mode: str) -> None:
-    for obj in manifests(BODY, parse_group(spec(mode=mode, offloadBytes="1Gi"))):
+def test_gpu_servers_run_the_cuda_backend_and_never_force_eager_mode(mode: str) -> None:
+    argvs = server_argvs(pod_of(mode=mode))
+    assert len(argvs) == 2
+    for argv in argvs:
+        assert argv[argv.index("--backend") + 1] == "cuda"
+        assert "--enforce-eager" not in argv  # the server's default keeps CUDA graphs on with cuda
+
+
+def test_cpu_device_requests_no_gpu_and_runs_the_host_backend() -> None:
+    pod = pod_of(device="cpu")
+    (c,) = pod["containers"]
+    assert c["image"] == "ghcr.io/kvpool/kvpool:0.1.0-cpu"
+    assert "resources" not in c
+    assert "tolerations" not in pod  # no GPU toleration: the pod belongs on any node
+    for argv in server_argvs(pod):
+        assert argv[argv.index("--backend") + 1] == "host"
+    pod = pod_of(device="cpu", pod={"resources": {"requests": {"cpu": "4"}}})
+    assert pod["containers"][0]["resources"] == {"requests": {"cpu": "4"}}
+
+
+def test_the_model_tiny_is_the_servers_embedded_model_as_in_the_group_launcher() -> None:
+    body = spec(device="cpu")
+    body["models"][0]["model"] = "tiny"
+    pod = deployment(BODY, parse_group(body))["spec"]["template"]["spec"]
+    tiny, qwen = server_argvs(pod)
+    assert "--model" not in tiny  # no model flag: kvpool-server builds its embedded tiny model
+    assert qwen[qwen.index("--model") + 1] == "/models/qwen"
+
+
+def test_the_overlay_lands_on_the_pod_and_the_models_container() -> None:
+    dep = deployment(BODY, parse_group(spec(pod=OVERLAY)))
+    template = dep["spec"]["template"]
+    assert template["metadata"] == {"labels": {"team": "ml", **labels()}, "annotations": {"example.com/owner": "ml"}}
+    assert dep["spec"]["selector"] == {"matchLabels": {"kvpool.dev/group": "pair"}}
+    pod = template["spec"]
+    assert {k: pod[k] for k in POD_FIELDS} == POD_FIELDS
+    assert [v["name"] for v in pod["volumes"]] == ["tmp", "shm", "scratch"]
+    (c,) = pod["containers"]
+    assert [e["name"] for e in c["env"]] == ["HF_HUB_OFFLINE", "KVPOOL_GROUP_SERVERS", "VLLM_LOGGING_LEVEL", "HOME"]
+    assert env_of(c)["HOME"] == "/scratch"  # the user's entry replaced the builder's
+    assert c["envFrom"] == [{"configMapRef": {"name": "tuning"}}]
+    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"},
+                                 {"name": "scratch", "mountPath": "/scratch"}]  # fmt: skip
+    assert c["resources"] == {"requests": {"cpu": "8", "memory": "64Gi"},
+                              "limits": {"memory": "96Gi", "nvidia.com/gpu": "1"}}  # fmt: skip
+
+
+def test_in_dra_mode_the_overlay_lands_on_every_model_container_but_not_the_router() -> None:
+    pod = pod_of(mode="dra", pod=OVERLAY)
+    assert {k: pod[k] for k in POD_FIELDS} == POD_FIELDS
+    router, *models = pod["containers"]
+    assert [e["name"] for e in router["env"]] == ["HOME"]
+    assert [m["name"] for m in router["volumeMounts"]] == ["tmp", "shm"]
+    assert "envFrom" not in router
+    assert "resources" not in router
+    for c in models:
+        assert env_of(c) == {"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "DEBUG", "HOME": "/scratch"}
+        assert c["envFrom"] == [{"configMapRef": {"name": "tuning"}}]
+        assert [m["name"] for m in c["volumeMounts"]] == ["tmp", "shm", "scratch"]
+        assert c["resources"] == {"claims": [{"name": "gpu"}], "requests": {"cpu": "8", "memory": "64Gi"},
+                                  "limits": {"memory": "96Gi"}}  # fmt: skip
+
+
+def test_resource_limits_merge_beside_the_gpu_limit() -> None:
+    (c,) = pod_of(pod={"resources": {"limits": {"cpu": "16", "memory": "96Gi"}}})["containers"]
+    assert c["resources"] == {"limits": {"cpu": "16", "memory": "96Gi", "nvidia.com/gpu": "1"}}
+
+
+@pytest.mark.parametrize("mode", ["devicePlugin", "dra"])
+def test_the_model_volume_is_mounted_read_only_in_every_model_container(mode: str) -> None:
+    pod = pod_of(mode=mode, modelVolume=MODELS_PVC, modelMountPath="/weights")
+    assert pod["volumes"][2] == {"name": "models", "persistentVolumeClaim": {"claimName": "models"}}
+    models = [c for c in pod["containers"] if c["name"] != "router"]
+    assert len(models) == (1 if mode == "devicePlugin" else 2)
+    for c in models:
+        assert {"name": "models", "mountPath": "/weights", "readOnly": True} in c["volumeMounts"]
+
+
+def test_hugging_face_download_takes_the_token_from_its_secret_and_drops_the_offline_flag() -> None:
+    pod = pod_of(huggingFace={"download": True, "tokenSecret": "hf-token"})
+    (c,) = pod["containers"]
+    assert env_of(c) == {"HOME": "/tmp", "HF_HOME": "/hf-cache",
+                         "HF_TOKEN": {"secretKeyRef": {"name": "hf-token", "key": "token"}}}  # fmt: skip
+    assert {"name": "hf-cache", "mountPath": "/hf-cache"} in c["volumeMounts"]
+    assert {"name": "hf-cache", "emptyDir": {}} in pod["volumes"]
+
+
+def test_a_hugging_face_cache_without_download_stays_offline() -> None:
+    pvc = {"persistentVolumeClaim": {"claimName": "hf"}}
+    pod = pod_of(huggingFace={"cacheVolume": pvc})
+    assert env_of(pod["containers"][0]) == {"HOME": "/tmp", "HF_HUB_OFFLINE": "1", "HF_HOME": "/hf-cache"}
+    assert {"name": "hf-cache", **pvc} in pod["volumes"]
+
+
+def test_the_reserved_labels_are_the_builders_own() -> None:
+    assert set(labels()) == set(BUILDER_LABELS)
+
+
+@st.composite
+def volumes_and_mounts(draw: st.DrawFn) -> tuple[list[str], list[tuple[str, str]]]:
+    """Mostly acceptable, with every kind of clash now and then: a builder's volume name, an
+    unknown volume, a builder's mount path (also spelled with a trailing '/'), two mounts at one."""
+    volumes = draw(st.lists(st.sampled_from(["a", "b", "c", "tmp"]), max_size=3, unique=True))
+    names = st.sampled_from([*volumes, "shm", "models", "hf-cache", "zz"])
+    paths = st.sampled_from(["/a", "/b", "/c", "/d", "/e", "/f", "/tmp", "/models/", "/a/"])
+    return volumes, draw(st.lists(st.tuples(names, paths), max_size=3, unique_by=lambda m: m[1]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    mode=st.sampled_from(["devicePlugin", "dra"]),
+    device=st.sampled_from(["gpu", "cpu"]),
+    model_volume=st.booleans(),
+    hugging_face=st.booleans(),
+    overlay=volumes_and_mounts(),
+)
+def test_any_accepted_overlay_mounts_only_volumes_the_pod_has_at_distinct_paths(
+    mode: str, device: str, model_volume: bool, hugging_face: bool, overlay: tuple[list[str], list[tuple[str, str]]]
+) -> None:
+    volumes, mounts = overlay
+    workload: dict[str, Any] = {"mode": mode, "device": device, "pod": {
+        "volumes": [{"name": v, "emptyDir": {}} for v in volumes],
+        "volumeMounts": [{"name": n, "mountPath": p} for n, p in mounts]}}  # fmt: skip
+    if model_volume:
+        workload["modelVolume"] = MODELS_PVC
+    if hugging_face:
+        workload["huggingFace"] = {}
+    try:
+        group = parse_group(spec(**workload))
+    except SpecError:
+        return  # refused, naming the field: the API server never sees it
+    pod = deployment(BODY, group)["spec"]["template"]["spec"]
+    names = [v["name"] for v in pod["volumes"]]
+    assert len(names) == len(set(names))
+    for c in pod["containers"]:
+        assert {m["name"] for m in c["volumeMounts"]} <= set(names)
+        paths = [m["mountPath"].rstrip("/") for m in c["volumeMounts"]]
+        assert len(paths) == len(set(paths))
+
+
+@pytest.mark.parametrize("version", ["1.34", "1.37"])
+@pytest.mark.parametrize(
+    "workload",
+    [{"mode": "devicePlugin"}, {"mode": "dra"}, {"device": "cpu", "pod": OVERLAY},
+     {"mode": "dra", "modelVolume": MODELS_PVC, "huggingFace": {"download": True, "tokenSecret": "t"}, "pod": OVERLAY}],
+    ids=["devicePlugin", "dra", "cpu-overlay", "dra-overlay-volumes"],
+)  # fmt: skip
+def test_every_manifest_with_the_workload_fields_is_valid_for_current_kubernetes(
+    version: str, workload: dict[str, Any]
+) -> None:
+    for obj in manifests(BODY, parse_group(spec(offloadBytes="1Gi", **workload))):
         kubernetes_validate.validate(obj, version, strict=True)

@@ -1,12 +1,15 @@
-"""The ColocatedModels spec: quantities parse, defaults apply, and every invalid field is named."""
+"""The ColocatedModels spec: quantities parse, defaults apply, and every invalid field is named --
+the workload's device, model sources and pod overlay included."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from kvpool_operator.fields import freeze, thaw
+from kvpool_operator.podspec import HuggingFace, ModelVolume, PodOverlay
 from kvpool_operator.policy import Arbitration
-from kvpool_operator.spec import SpecError, parse_group, quantity
+from kvpool_operator.spec import Device, Mode, SpecError, parse_group, quantity
 
 GiB, MiB = 1 << 30, 1 << 20
 
@@ -70,3 +73,142 @@ def test_duplicate_model_names_are_refused() -> None:
     models = [{"name": "a", "model": "m", "minBytes": 0, "maxBytes": 1}] * 2
     with pytest.raises(SpecError, match="names must be unique"):
         parse_group(make_spec(models=models))
+
+
+# spec.workload: the device, the model sources and the pod overlay (kvpool_operator.podspec)
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+FULL_POD: dict[str, Any] = {
+    "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+    "resources": {"requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "96Gi", "cpu": 16}},
+    "imagePullSecrets": [{"name": "registry"}],
+    "priorityClassName": "inference",
+    "serviceAccountName": "models",
+    "env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}],
+    "envFrom": [{"configMapRef": {"name": "tuning"}}],
+    "volumes": [{"name": "scratch", "emptyDir": {}}],
+    "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}, {"name": "models", "mountPath": "/more"}],
+    "labels": {"team": "ml"},
+    "annotations": {"example.com/owner": "ml"},
+}
+
+
+def workload(**fields: Any) -> Any:
+    return parse_group(make_spec(workload=fields)).workload
+
+
+def test_workload_defaults_run_on_the_gpu_offline_and_tolerate_gpu_nodes() -> None:
+    w = workload()
+    assert (w.mode, w.device, w.image) == (Mode.DEVICE_PLUGIN, Device.GPU, "ghcr.io/kvpool/kvpool:0.1.0")
+    assert (w.model_volume, w.hugging_face) == (None, None)  # no cache volume; the builders set HF_HUB_OFFLINE=1
+    assert thaw(w.pod.tolerations) == [GPU_TOLERATION]
+    assert w.pod == PodOverlay()  # the dataclass's defaults are the gpu device's
+
+
+def test_cpu_device_drops_the_gpu_toleration_and_defaults_to_the_cpu_image() -> None:
+    w = workload(device="cpu")
+    assert (w.device, w.image, w.pod.tolerations) == (Device.CPU, "ghcr.io/kvpool/kvpool:0.1.0-cpu", ())
+    assert workload(device="cpu", image="me/kvpool:dev").image == "me/kvpool:dev"
+
+
+@pytest.mark.parametrize(("tolerations", "expected"), [([], []), ([{"operator": "Exists"}], [{"operator": "Exists"}])])
+def test_given_tolerations_replace_the_gpu_default(tolerations: list[Any], expected: list[Any]) -> None:
+    assert thaw(workload(pod={"tolerations": tolerations}).pod.tolerations) == expected
+
+
+def test_every_pod_overlay_field_is_parsed() -> None:
+    w = workload(modelVolume={"persistentVolumeClaim": {"claimName": "models"}}, pod=FULL_POD)
+    pod = w.pod
+    assert thaw(pod.node_selector) == FULL_POD["nodeSelector"]
+    assert thaw(pod.tolerations) == FULL_POD["tolerations"]
+    assert thaw(pod.affinity) == FULL_POD["affinity"]
+    assert (thaw(pod.requests), thaw(pod.limits)) == ({"cpu": "8", "memory": "64Gi"}, {"memory": "96Gi", "cpu": 16})
+    assert thaw(pod.image_pull_secrets) == [{"name": "registry"}]
+    assert (pod.priority_class_name, pod.service_account_name) == ("inference", "models")
+    assert (thaw(pod.env), thaw(pod.env_from)) == (FULL_POD["env"], FULL_POD["envFrom"])
+    assert (thaw(pod.volumes), thaw(pod.volume_mounts)) == (FULL_POD["volumes"], FULL_POD["volumeMounts"])
+    assert (thaw(pod.labels), thaw(pod.annotations)) == (FULL_POD["labels"], FULL_POD["annotations"])
+
+
+def test_model_volume_and_hugging_face_are_parsed_with_their_defaults() -> None:
+    w = workload(modelVolume={"hostPath": {"path": "/srv/models"}}, huggingFace={})
+    assert w.model_volume == ModelVolume(freeze({"hostPath": {"path": "/srv/models"}}), "/models")
+    assert w.hugging_face == HuggingFace(download=False, token_secret=None, cache_volume=freeze({"emptyDir": {}}))
+    cache = {"persistentVolumeClaim": {"claimName": "hf"}}
+    w = workload(modelVolume={"hostPath": {"path": "/m"}}, modelMountPath="/weights/", huggingFace={
+        "download": True, "tokenSecret": "hf-token", "cacheVolume": cache})  # fmt: skip
+    assert w.model_volume.mount_path == "/weights"
+    assert w.hugging_face == HuggingFace(download=True, token_secret="hf-token", cache_volume=freeze(cache))
+
+
+def test_the_parsed_workload_is_frozen_all_the_way_down() -> None:
+    raw = {"pod": {"nodeSelector": {"a": "b"}, "tolerations": [{"key": "k"}]}}
+    w = parse_group(make_spec(workload=raw)).workload
+    raw["pod"]["tolerations"][0]["key"] = "changed"  # the caller's dict is not shared
+    assert w.pod.tolerations[0]["key"] == "k"
+    with pytest.raises(TypeError):
+        w.pod.tolerations[0]["key"] = "x"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        w.pod.node_selector["a"] = "c"  # type: ignore[index]
+
+
+POD = "spec.workload.pod"
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"device": "tpu"}, "spec.workload.device: 'tpu' must be gpu or cpu"),
+        ({"mode": "dra", "device": "cpu"}, "spec.workload.device: cpu needs mode devicePlugin"),
+        ({"modelVolume": "pvc"}, "spec.workload.modelVolume: must be an object"),
+        ({"modelVolume": {}}, "spec.workload.modelVolume: give exactly one volume source"),
+        ({"modelVolume": {"hostPath": {"path": "/a"}, "emptyDir": {}}}, "spec.workload.modelVolume: give exactly one"),
+        ({"modelVolume": {"hostPath": "/a"}}, "spec.workload.modelVolume.hostPath: must be an object"),
+        ({"modelMountPath": "/models"}, "spec.workload.modelMountPath: set spec.workload.modelVolume too"),
+        ({"modelVolume": {"emptyDir": {}}, "modelMountPath": "models"}, "spec.workload.modelMountPath: 'models'"),
+        ({"modelVolume": {"emptyDir": {}}, "modelMountPath": "/tmp"}, "spec.workload.modelMountPath: '/tmp'"),
+        ({"huggingFace": []}, "spec.workload.huggingFace: must be an object"),
+        ({"huggingFace": {"download": "yes"}}, "spec.workload.huggingFace.download: 'yes' must be true or false"),
+        ({"huggingFace": {"tokenSecret": 1}}, "spec.workload.huggingFace.tokenSecret: must be a string"),
+        ({"huggingFace": {"cacheVolume": {}}}, "spec.workload.huggingFace.cacheVolume: give exactly one"),
+        ({"pod": []}, f"{POD}: must be an object"),
+        ({"pod": {"hostNetwork": True}}, f"{POD}.hostNetwork: not a field the overlay sets"),
+        ({"pod": {"nodeSelector": {"gpu": True}}}, f"{POD}.nodeSelector.gpu: must be a string"),
+        ({"pod": {"tolerations": {"key": "k"}}}, f"{POD}.tolerations: must be a list"),
+        ({"pod": {"tolerations": ["k"]}}, f"{POD}.tolerations[0]: must be an object"),
+        ({"pod": {"affinity": []}}, f"{POD}.affinity: must be an object"),
+        ({"pod": {"resources": {"claims": []}}}, f"{POD}.resources.claims: give requests and limits only"),
+        ({"pod": {"resources": {"limits": []}}}, f"{POD}.resources.limits: must be an object"),
+        ({"pod": {"resources": {"requests": {"cpu": 0.5}}}}, f"{POD}.resources.requests.cpu: 0.5 must be a quantity"),
+        ({"pod": {"resources": {"limits": {"nvidia.com/gpu": "2"}}}}, f"{POD}.resources.limits.nvidia.com/gpu: the"),
+        ({"pod": {"imagePullSecrets": [{}]}}, f"{POD}.imagePullSecrets[0].name is required"),
+        ({"pod": {"priorityClassName": 1}}, f"{POD}.priorityClassName: must be a string"),
+        ({"pod": {"serviceAccountName": ["a"]}}, f"{POD}.serviceAccountName: must be a string"),
+        ({"pod": {"env": [{"value": "1"}]}}, f"{POD}.env[0].name is required"),
+        ({"pod": {"env": [{"name": ""}]}}, f"{POD}.env[0].name: must not be empty"),
+        ({"pod": {"envFrom": {}}}, f"{POD}.envFrom: must be a list"),
+        ({"pod": {"volumes": [{"emptyDir": {}}]}}, f"{POD}.volumes[0].name is required"),
+        ({"pod": {"volumes": [{"name": "hf-cache", "emptyDir": {}}]}}, f"{POD}.volumes[0].name: 'hf-cache' is the"),
+        ({"pod": {"volumes": [{"name": "tmp", "emptyDir": {}}]}}, f"{POD}.volumes[0].name: 'tmp' is the operator's"),
+        ({"pod": {"volumes": [{"name": "a"}, {"name": "a"}]}}, f"{POD}.volumes[1].name: 'a' names two volumes"),
+        ({"pod": {"volumeMounts": [{"name": "a"}]}}, f"{POD}.volumeMounts[0].mountPath is required"),
+        ({"pod": {"volumeMounts": [{"name": "x", "mountPath": "/x"}]}}, f"{POD}.volumeMounts[0].name: 'x' is not"),
+        ({"pod": {"volumeMounts": [{"name": "models", "mountPath": "/x"}]}}, f"{POD}.volumeMounts[0].name: 'models'"),
+        ({"pod": {"volumeMounts": [{"name": "tmp", "mountPath": "/dev/shm/"}]}}, f"{POD}.volumeMounts[0].mountPath"),
+        ({"pod": {"labels": {"kvpool.dev/group": "other"}}}, f"{POD}.labels.kvpool.dev/group: the operator's own"),
+        ({"pod": {"labels": {"app.kubernetes.io/name": "x"}}}, f"{POD}.labels.app.kubernetes.io/name: the operator"),
+        ({"pod": {"annotations": {"a": 1}}}, f"{POD}.annotations.a: must be a string"),
+    ],
+)  # fmt: skip
+def test_invalid_workloads_name_the_field(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(SpecError) as exc:
+        workload(**fields)
+    assert message in str(exc.value)
+
+
+def test_a_mount_may_use_a_builder_volume_that_the_pod_has() -> None:
+    mounts = [{"name": "models", "mountPath": "/b"}, {"name": "hf-cache", "mountPath": "/c"}]
+    w = workload(modelVolume={"emptyDir": {}}, huggingFace={}, pod={"volumeMounts": mounts})
+    assert [m["name"] for m in w.pod.volume_mounts] == ["models", "hf-cache"]
