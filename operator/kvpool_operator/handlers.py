@@ -13,10 +13,12 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import logging
 import os
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -56,10 +58,26 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.dynamic = DynamicClient(memo.api)
 
 
+def in_cluster_server(env: Mapping[str, str]) -> str | None:
+    """The API server's address as client-go's InClusterConfig (and the kubernetes client that
+    :func:`startup` loads) finds it: ``KUBERNETES_SERVICE_HOST``/``PORT``, which the kubelet sets in
+    every pod. kopf's own service-account login names ``kubernetes.default.svc`` instead, which
+    needs cluster DNS -- absent on a node without it, and for a ``hostNetwork`` pod."""
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
 @kopf.on.login()
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-    """In a pod: the service account; elsewhere: $KUBECONFIG (read at login, not at import)."""
-    return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    """In a pod: the service account, at the address the pod's environment gives; elsewhere:
+    $KUBECONFIG (read at login, not at import)."""
+    info = kopf.login_with_service_account(**kwargs)
+    if info is None:
+        return kopf.login_with_kubeconfig(**kwargs)
+    server = in_cluster_server(os.environ)
+    return dataclasses.replace(info, server=server) if server else info
 
 
 @kopf.on.probe(id="groups")

@@ -25,10 +25,11 @@ def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True)
 
 
-def make_pki(d: Path) -> None:
+def make_pki(d: Path, ips: tuple[str, ...] = ("127.0.0.1",)) -> None:
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{d}/ca.key", "-out", f"{d}/ca.crt",
              "-subj", "/CN=kvpool-test-ca", "-days", "2")  # fmt: skip
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    sans = ",".join([*(f"IP:{ip}" for ip in ips), "DNS:localhost", "DNS:kubernetes.default.svc"])
+    (d / "san.ext").write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n")
     (d / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
     for name, subj, ext in (
         ("server", "/CN=kube-apiserver", "san.ext"),
@@ -75,14 +76,17 @@ class Cluster:
                 p.kill()
 
 
-def start_cluster(d: Path) -> Cluster:
+def start_cluster(d: Path, address: str = "127.0.0.1", *, node: bool = False) -> Cluster:
+    """``node``: serve a real node too -- service-account tokens admitted into pods (the test API
+    server leaves them out), the kubelet reached by its InternalIP, the Service range's first
+    address (the in-cluster ``kubernetes`` Service) in the serving certificate."""
     missing = [b for b in ("etcd", "kube-apiserver") if not (BIN / b).exists()]
     if missing:
         raise RuntimeError(f"{missing} not in {BIN}: run `make k8s-tools` (tools/k8s/build.sh) first")
-    make_pki(d)
+    make_pki(d, (address, "127.0.0.1", "10.96.0.1") if node else (address,))
     etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
     etcd_url = f"http://127.0.0.1:{etcd_port}"
-    cluster = Cluster(d, f"https://127.0.0.1:{api_port}")
+    cluster = Cluster(d, f"https://{address}:{api_port}")
     log = (d / "etcd.log").open("wb")
     cluster.procs.append(subprocess.Popen([
         str(BIN / "etcd"), "--data-dir", str(d / "etcd"), "--listen-client-urls", etcd_url,
@@ -92,13 +96,14 @@ def start_cluster(d: Path) -> Cluster:
     ], stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
     log = (d / "apiserver.log").open("wb")
     cluster.procs.append(subprocess.Popen([
-        str(BIN / "kube-apiserver"), f"--etcd-servers={etcd_url}", "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1", f"--secure-port={api_port}", "--insecure-port=0",
+        str(BIN / "kube-apiserver"), f"--etcd-servers={etcd_url}", f"--bind-address={address}",
+        f"--advertise-address={address}", f"--secure-port={api_port}", "--insecure-port=0",
         f"--tls-cert-file={d}/server.crt", f"--tls-private-key-file={d}/server.key", f"--client-ca-file={d}/ca.crt",
         f"--token-auth-file={d}/tokens.csv", "--authorization-mode=RBAC",
         "--service-account-issuer=https://kubernetes.default.svc", f"--service-account-key-file={d}/sa.pub",
         f"--service-account-signing-key-file={d}/sa.key", "--service-cluster-ip-range=10.96.0.0/24",
-        "--disable-admission-plugins=ServiceAccount",
+        *(["--kubelet-preferred-address-types=InternalIP"] if node else
+          ["--disable-admission-plugins=ServiceAccount"]),
     ], stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
     tls = ssl.create_default_context(cafile=str(d / "ca.crt"))
     tls.load_cert_chain(str(d / "admin.crt"), str(d / "admin.key"))

