@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -105,14 +107,30 @@ def _train_tokenizer(seed: int, vocab_size: int) -> Any:
 
 
 def build_tiny_model(out: Path, *, seed: int = 0, vocab_size: int = 2048) -> Path:
-    """Write the model to ``out`` (created) unless a complete copy is already there."""
+    """Write the model to ``out`` (created) unless a complete copy is already there. Built beside
+    it and renamed into place, so servers that start together (a group pod's) never read a copy
+    another is still writing; the first rename wins, the others' copies are dropped."""
     out = Path(out)
     if (out / _MARKER).exists():
         return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        _write_tiny_model(tmp, seed, vocab_size)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process's copy is in place (the same bytes: same seed)
+            if not (out / _MARKER).exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _write_tiny_model(out: Path, seed: int, vocab_size: int) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    out.mkdir(parents=True, exist_ok=True)
     fast = _train_tokenizer(seed, vocab_size)
     fast.save_pretrained(out)
     torch.manual_seed(seed)
@@ -135,7 +153,6 @@ def build_tiny_model(out: Path, *, seed: int = 0, vocab_size: int = 2048) -> Pat
     model: Any = LlamaForCausalLM(config)  # transformers' stubs mistype nn.Module.to
     model.to(torch.bfloat16).save_pretrained(out)
     (out / _MARKER).write_text(json.dumps({"seed": seed, "vocab_size": vocab_size}) + "\n")
-    return out
 
 
 def main(argv: list[str] | None = None) -> None:
