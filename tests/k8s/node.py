@@ -66,15 +66,32 @@ class NodeCluster:
             out.append(f"--- {log.name}\n" + log.read_text(errors="replace")[-2000:])
         return "\n".join(out)
 
-    def stop(self) -> None:
-        """Pods first, through the kubelet (it stops containers and tears their networks down) --
-        their controllers before them, or they come back -- then every process; then whatever a
-        crash left: processes, mounts, network namespaces, pod logs, cgroups, the bridge."""
+    def leftovers(self) -> list[str]:
+        """What a stopped node still holds on the host (empty after a clean :meth:`stop`)."""
+        tasks = self.dir / "containerd" / "state" / "io.containerd.runtime.v2.task" / NS
+        ids = [t.name for t in tasks.iterdir()] if tasks.is_dir() else []
+        out = [f"process {pid} of container {i[:12]}" for i in ids for pid in _cgroup_tasks(i)]
+        out += [f"process {pid}: {self.dir} in its command line" for pid in _pids_matching(str(self.dir))]
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+        out += [f"mount {m}" for m in mounts if m.startswith(str(self.dir))]
+        out += [f"host path {p}" for p in _host_state() - self.before]
+        if _run("ip", "link", "show", BRIDGE, check=False).returncode == 0:
+            out.append(f"bridge {BRIDGE}")
+        return out
+
+    def _delete_pods(self) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.kubectl("delete", "deployments,replicasets,daemonsets,statefulsets,jobs", "--all",
                          "--all-namespaces", "--wait=true", check=False, timeout=60)  # fmt: skip
             self.kubectl("delete", "pods", "--all", "--all-namespaces", "--grace-period=1", "--wait=true",
                          check=False, timeout=90)  # fmt: skip
+
+    def stop(self) -> None:
+        """Pods first, through the kubelet (it stops containers and tears their networks down) --
+        their controllers before them, or they come back -- then every process; then whatever a
+        crash left: processes, mounts, network namespaces, pod logs, cgroups, the bridge."""
+        if any(str(p.args[0]).endswith("kubelet") and p.poll() is None for p in self.procs):  # type: ignore[index]
+            self._delete_pods()  # without a kubelet nothing would stop them: the sweep does
         for p in reversed(self.procs):
             p.terminate()
             try:
@@ -101,7 +118,17 @@ def _bridge() -> None:
 
 
 def _sweep(d: Path) -> None:
-    """Leftovers of a run that did not end cleanly: shims, mounts under ``d``, the bridge."""
+    """Leftovers of a run that did not end cleanly: containers' processes (found by the cgroup runc
+    made for each container of this node's containerd), shims, mounts under ``d``, the bridge.
+    The containers go first: a killed shim leaves its container running, orphaned."""
+    tasks = d / "containerd" / "state" / "io.containerd.runtime.v2.task" / NS
+    ids = [t.name for t in tasks.iterdir()] if tasks.is_dir() else []
+    for pid in {pid for i in ids for pid in _cgroup_tasks(i)}:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    deadline = time.monotonic() + 10
+    while any(_cgroup_tasks(i) for i in ids) and time.monotonic() < deadline:
+        time.sleep(0.1)
     for pid in _pids_matching(str(d)):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
@@ -133,6 +160,15 @@ def _sweep_host(before: frozenset[Path]) -> None:
                 d.rmdir()
         with contextlib.suppress(OSError):
             cgroup.rmdir()
+
+
+def _cgroup_tasks(container: str) -> set[int]:
+    """The processes in a container's cgroups (containerd's CRI parent is ``k8s.io``, cgroupfs)."""
+    out: set[int] = set()
+    for f in Path("/sys/fs/cgroup").glob(f"*/{NS}/{container}/cgroup.procs"):
+        with contextlib.suppress(OSError):
+            out |= {int(p) for p in f.read_text().split()}
+    return out
 
 
 def _pids_matching(text: str) -> list[int]:

@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--values: {args.values} is not a file")
     print("building the images (cached after the first time) ...", flush=True)
     images = build_images()
-    node = start_node_cluster(args.dir or Path(tempfile.mkdtemp(prefix="kvpool-node-")), images)
+    d = args.dir or Path(tempfile.mkdtemp(prefix="kvpool-node-"))
+    node = start_node_cluster(d, images)
     try:
         helm_install(node, demo_values(node), ("-f", str(args.values)) if args.values else ())
         kubeconfig = node.api.kubeconfig()
@@ -81,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
         pass
     finally:
         node.stop()
+        left = node.leftovers()
+        print("stopped" + (f"; left behind: {left}" if left else ", nothing left behind"), flush=True)
 
 
 if __name__ == "__main__":

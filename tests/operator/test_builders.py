@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvpool_operator.builders import deployment, manifests, services
+from kvpool_operator.builders import deployment, manifests, router_args, services
 from kvpool_operator.podspec import BUILDER_LABELS
 from kvpool_operator.policy import initial_limits
 from kvpool_operator.spec import SpecError, parse_group
@@ -27,7 +27,13 @@ def spec(**workload: Any) -> dict[str, Any]:
         "gpuMemoryBudgetBytes": "40Gi",
         "models": [
             {"name": "llama", "model": "/models/llama", "minBytes": "4Gi", "maxBytes": "30Gi", "weight": 3},
-            {"name": "qwen", "model": "/models/qwen", "minBytes": "4Gi", "maxBytes": "30Gi", "args": ["--seed", "1"]},
+            {
+                "name": "qwen",
+                "model": "/models/qwen",
+                "minBytes": "4Gi",
+                "maxBytes": "30Gi",
+                "args": ["--max-model-len", "4096"],
+            },
         ],
         "workload": workload,
     }
@@ -56,12 +62,14 @@ def test_the_device_plugin_deployment_is_exactly_this() -> None:
                   "--upstream=qwen=http://127.0.0.1:8001"]},
         {"name": "llama", "args": ["--model", "/models/llama", "--served-model-name", "llama", "--host", "0.0.0.0",
                                    "--port", "8000", "--backend", "cuda", "--limit-bytes", str(28 * GiB),
-                                   "--virtual-bytes", str(30 * GiB), "--log-json", "--ledger-bytes", str(40 * GiB),
-                                   "--offload-bytes", str(2 * GiB), "--offload-dir", "/dev/shm"]},
+                                   "--virtual-bytes", str(30 * GiB), "--log-json", "true",
+                                   "--ledger-bytes", str(40 * GiB), "--offload-bytes", str(2 * GiB),
+                                   "--offload-dir", "/dev/shm"]},
         {"name": "qwen", "args": ["--model", "/models/qwen", "--served-model-name", "qwen", "--host", "0.0.0.0",
                                   "--port", "8001", "--backend", "cuda", "--limit-bytes", str(12 * GiB),
-                                  "--virtual-bytes", str(30 * GiB), "--log-json", "--ledger-bytes", str(40 * GiB),
-                                  "--offload-bytes", str(2 * GiB), "--offload-dir", "/dev/shm", "--seed", "1"]},
+                                  "--virtual-bytes", str(30 * GiB), "--log-json", "true",
+                                  "--ledger-bytes", str(40 * GiB), "--offload-bytes", str(2 * GiB),
+                                  "--offload-dir", "/dev/shm", "--max-model-len", "4096"]},
     ]  # fmt: skip
     c["env"] = [e for e in c["env"] if e["name"] != "KVPOOL_GROUP_SERVERS"]
     probe = {"periodSeconds": 10, "failureThreshold": 3}
@@ -326,3 +334,26 @@ def test_every_manifest_with_the_workload_fields_is_valid_for_current_kubernetes
 ) -> None:
     for obj in manifests(BODY, parse_group(spec(offloadBytes="1Gi", **workload))):
         kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    "workload",
+    [{}, {"mode": "dra"}, {"device": "cpu", "offloadBytes": "1Gi"}],
+    ids=["devicePlugin", "dra", "cpu+tier"],
+)
+def test_every_argv_the_builders_write_is_one_the_server_and_router_accept(workload: dict[str, Any]) -> None:
+    """The contract between the operator and the image: a flag the server does not take (a
+    missing value, a renamed option) fails every pod at start -- found once only on a real node."""
+    from kvpool_server.cli import parse_settings
+    from kvpool_server.flags import parse_flags
+    from kvpool_server.router.settings import RouterSettings
+
+    group = parse_group(spec(**workload))
+    pod = deployment(BODY, group)["spec"]["template"]["spec"]
+    for argv, model in zip(server_argvs(pod), group.models, strict=True):
+        settings = parse_settings(argv)
+        assert settings.served_model_name == model.name
+        assert settings.log_json is True
+        assert settings.ledger_bytes == group.policy.budget_bytes
+    router = parse_flags(RouterSettings, router_args(group))
+    assert set(router.upstreams()) == {m.name for m in group.models}
