@@ -241,3 +241,5 @@ def test_deleting_the_resource_removes_everything(node: NodeCluster) -> None:
 
     wait_for("the group's objects garbage-collected", gone, 180, node)
     assert ready_pod(node, "app.kubernetes.io/component=operator", 30)  # the operator stays
+    logs = pod_logs(node, NS, "app.kubernetes.io/component=operator")
+    assert "Traceback" not in logs, logs[-4000:]  # a whole day without an unhandled error
