@@ -20,15 +20,19 @@ def test_sigterm_drains_in_flight_streams_and_exits_within_the_grace_period(tiny
     import openai
 
     server = start_server(tiny_model, tmp_path, "--grace-period-s", "30")
+    started: list[int] = []
 
     async def stream(client: Any, i: int) -> tuple[int, str | None]:
         # count with the usage report: a lagging client gets several tokens per chunk
-        tokens, reason = 0, None
+        tokens, reason, first = 0, None, True
         resp = await client.completions.create(
             model="tiny", prompt=[list(range(10 + i, 200 + i))], max_tokens=96, stream=True, temperature=0,
             stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
         )  # fmt: skip
         async for chunk in resp:
+            if first:  # in flight: its first token is out
+                first = False
+                started.append(i)
             if chunk.usage is not None:
                 tokens = chunk.usage.completion_tokens
             if chunk.choices:
@@ -38,7 +42,11 @@ def test_sigterm_drains_in_flight_streams_and_exits_within_the_grace_period(tiny
     async def scenario() -> list[tuple[int, str | None]]:
         client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
         tasks = [asyncio.create_task(stream(client, i)) for i in range(16)]
-        await asyncio.sleep(1.0)
+        # SIGTERM once every stream is in flight (a fixed sleep raced a busy machine: a request
+        # still in the API process's preprocessing when the signal came got an empty stream)
+        deadline = time.monotonic() + 60
+        while len(started) < 16 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         server.proc.send_signal(signal.SIGTERM)
         return list(await asyncio.gather(*tasks))
 
