@@ -28,6 +28,7 @@ import pytest
 from tests.k8s.node import NodeCluster, build_images, pod_logs, start_node_cluster
 from tests.k8s.up import NAMESPACE as NS
 from tests.k8s.up import demo_values, helm_install
+from tests.server.conftest import flood
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -141,33 +142,12 @@ def pools(node: NodeCluster) -> dict[str, dict[str, Any]]:
             for i, m in enumerate("ab")}  # fmt: skip
 
 
-def load(url: str, stop: threading.Event) -> None:
-    """Many long prompts at once on model a: its pool fills and requests queue."""
-
-    def one(i: int) -> None:
-        while not stop.is_set():
-            try:
-                httpx.post(url, timeout=300, json={"model": "a", "prompt": [list(range(10 + i, 1700 + i))],
-                                                   "max_tokens": 32, "ignore_eos": True})  # fmt: skip
-            except httpx.HTTPError:
-                time.sleep(1)
-
-    threads = [
-        threading.Thread(target=one, args=(i,), daemon=True) for i in range(48)
-    ]  # ~160 MiB of KV wanted: beyond the 128 MiB start
-    for t in threads:
-        t.start()
-    stop.wait()
-    for t in threads:
-        t.join(timeout=300)
-
-
 def test_load_on_one_model_moves_memory_to_it_within_the_budget(node: NodeCluster) -> None:
     ip = ready_pod(node, GROUP_POD, 60)["status"]["podIP"]
     start = pools(node)
     assert sum(p["limit_bytes"] for p in start.values()) <= BUDGET
     stop = threading.Event()
-    loader = threading.Thread(target=load, args=(f"http://{ip}:9000/v1/completions", stop), daemon=True)
+    loader = threading.Thread(target=flood, args=(f"http://{ip}:9000", "a", stop), daemon=True)
     loader.start()
     samples = 0
     try:

@@ -68,12 +68,17 @@ class Cluster:
         return path
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.terminate()
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(self.procs)
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Last started, first stopped: SIGTERM, then SIGKILL after 20 s."""
+    for p in reversed(procs):
+        p.terminate()
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def start_cluster(d: Path, address: str = "127.0.0.1", *, node: bool = False) -> Cluster:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.k8s.cluster import BIN, Cluster, start_cluster
+from tests.k8s.cluster import BIN, Cluster, start_cluster, stop_processes
 from tests.server.conftest import free_port
 
 NODE_ROOT = BIN.parent / "node"  # Debian's containerd, runc, CNI plugins, unpacked by make k8s-tools
@@ -92,12 +92,7 @@ class NodeCluster:
         crash left: processes, mounts, network namespaces, pod logs, cgroups, the bridge."""
         if any(str(p.args[0]).endswith("kubelet") and p.poll() is None for p in self.procs):  # type: ignore[index]
             self._delete_pods()  # without a kubelet nothing would stop them: the sweep does
-        for p in reversed(self.procs):
-            p.terminate()
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(self.procs)
         self.api.stop()
         _sweep(self.dir)
         _sweep_host(self.before)

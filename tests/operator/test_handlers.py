@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -22,7 +21,7 @@ from kvpool_operator.rbac import cluster_role
 
 from tests.k8s.cluster import TOKEN, TOKEN_USER, Cluster
 from tests.server.conftest import TOKEN as ADMIN_TOKEN
-from tests.server.conftest import Server, start_server, stop_server
+from tests.server.conftest import Server, flood, start_server, stop_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -160,27 +159,6 @@ def servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
         stop_server(s)
 
 
-def load(server: Server, stop: threading.Event) -> None:
-    """Many long prompts at once: the pool fills and requests queue."""
-
-    def one(i: int) -> None:
-        while not stop.is_set():
-            httpx.post(
-                server.url + "/v1/completions",
-                timeout=120,
-                json={"model": "tiny", "prompt": [list(range(10 + i, 1700 + i))], "max_tokens": 64, "ignore_eos": True},
-            )
-
-    threads = [
-        threading.Thread(target=one, args=(i,), daemon=True) for i in range(48)
-    ]  # ~160 MiB of KV wanted: beyond the 128 MiB start
-    for t in threads:
-        t.start()
-    stop.wait()
-    for t in threads:
-        t.join(timeout=120)
-
-
 def test_the_operator_moves_memory_toward_the_loaded_model(
     admin: k8s.ApiClient, operator: None, servers: dict[str, Server]
 ) -> None:
@@ -199,7 +177,8 @@ def test_the_operator_moves_memory_toward_the_loaded_model(
     wait_for(lambda: len([m for m in get(admin, "g2").get("status", {}).get("models", []) if m["reachable"]]) == 2,
              what="both pools observed")  # fmt: skip
     stop = threading.Event()
-    loader = threading.Thread(target=load, args=(servers["a"], stop), daemon=True)
+    flood_a = {"max_tokens": 64, "timeout": 120}
+    loader = threading.Thread(target=flood, args=(servers["a"].url, "tiny", stop), kwargs=flood_a, daemon=True)
     admins = {m: s.admin() for m, s in servers.items()}
     t0 = time.monotonic()
     loader.start()

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -82,3 +83,26 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                      "--offload-dir", str(tmp))  # fmt: skip
     yield s
     stop_server(s)
+
+
+def flood(url: str, model: str, stop: threading.Event, *, streams: int = 48, max_tokens: int = 32,
+          timeout: float = 300) -> None:  # fmt: skip
+    """Many long prompts at once on one model until ``stop``: its pool fills and requests queue
+    (48 x ~1,700 tokens of the tiny model want ~160 MiB of KV). Failed requests are retried."""
+
+    def one(i: int) -> None:
+        while not stop.is_set():
+            try:
+                httpx.post(url + "/v1/completions", timeout=timeout, json={
+                    "model": model, "prompt": [list(range(10 + i, 1700 + i))], "max_tokens": max_tokens,
+                    "ignore_eos": True,
+                })  # fmt: skip
+            except httpx.HTTPError:
+                time.sleep(1)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(streams)]
+    for t in threads:
+        t.start()
+    stop.wait()
+    for t in threads:
+        t.join(timeout=timeout)
