@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,6 +85,8 @@ def main(argv: list[str] | None = None) -> None:
         node.stop()
         left = node.leftovers()
         print("stopped" + (f"; left behind: {left}" if left else ", nothing left behind"), flush=True)
+        if args.dir is None and not left:  # our own temporary state: nothing in it is running or mounted
+            shutil.rmtree(d)
 
 
 if __name__ == "__main__":
