@@ -29,7 +29,7 @@ import psutil
 from kvpool_operator.pools import Endpoint
 
 from bench.colocation_calibrate import Capacity, calibrate
-from bench.colocation_configs import POLICIES, Config, Setup, configs, controller, start_servers
+from bench.colocation_configs import POLICIES, Config, Running, Setup, configs, controller, start_servers
 from bench.colocation_report import report
 from bench.colocation_workload import WORKLOADS, Shape, Workload, bursts, drive, longtail, schedule, steady
 from bench.common import RESULTS
@@ -84,22 +84,22 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def run_config(setup: Setup, cfg: Config, work: Workload, seed: int, shape: Shape,
-                     servers: dict[str, tuple[Any, Endpoint]]) -> dict[str, Any]:  # fmt: skip
-    eps = {n: ep for n, (_, ep) in servers.items()}
+                     servers: dict[str, Running]) -> dict[str, Any]:  # fmt: skip
+    eps = {n: r.admin for n, r in servers.items()}
     requests = schedule(work, shape, seed)
     stop = asyncio.Event()
     samples: list[dict[str, Any]] = []
     rounds: list[dict[str, Any]] = []
-    cpu0 = {n: cpu_seconds(p.pid) for n, (p, _) in servers.items()}
+    cpu0 = {n: cpu_seconds(r.proc.pid) for n, r in servers.items()}
     t0 = time.monotonic()
     tasks = [asyncio.create_task(sample(eps, stop, t0, samples))]
     ctl = controller(setup, cfg, eps, stop, t0, rounds)
     tasks += [ctl] if ctl else []
-    outcomes = await drive({n: ep.url for n, ep in eps.items()}, requests, t0, work.duration_s + DEADLINE_S)
+    outcomes = await drive({n: r.url for n, r in servers.items()}, requests, t0, work.duration_s + DEADLINE_S)
     wall = time.monotonic() - t0
     stop.set()
     await asyncio.gather(*tasks)
-    util = {n: (cpu_seconds(p.pid) - cpu0[n]) / wall for n, (p, _) in servers.items()}
+    util = {n: (cpu_seconds(r.proc.pid) - cpu0[n]) / wall for n, r in servers.items()}
     async with httpx.AsyncClient(timeout=30) as client:
         final = {n: (await client.get(ep.url + "/kvpool")).json() for n, ep in eps.items()}
         integrity = {n: (await client.get(ep.url + "/kvpool/integrity")).status_code == 200 for n, ep in eps.items()}
@@ -114,10 +114,10 @@ def run(setup: Setup, cfg: Config, work: Workload, seed: int, shape: Shape, tmp:
         try:
             return asyncio.run(run_config(setup, cfg, work, seed, shape, servers))
         finally:
-            for proc, _ in servers.values():
-                proc.terminate()
-            for proc, _ in servers.values():
-                proc.wait(timeout=120)
+            for r in servers.values():
+                r.proc.terminate()
+            for r in servers.values():
+                r.proc.wait(timeout=120)
             logs = RESULTS / "colocation-logs" / work.name  # every server's log, for a run that went wrong
             logs.mkdir(parents=True, exist_ok=True)
             for log in Path(d).glob("*.log"):

@@ -87,12 +87,13 @@ def main(argv: list[str] | None = None) -> None:
         "models": [{"name": n, "model": model, "minBytes": "32Mi", "maxBytes": "224Mi"} for n in "ab"],
     })  # fmt: skip
     tmp = Path(tempfile.mkdtemp())
-    ports = {n: free_port() for n in "ab"}
+    ports = {n: (free_port(), free_port()) for n in "ab"}  # OpenAI, admin
     procs = [start([sys.executable, "-m", "kvpool_server", "--model", model, "--served-model-name", n, "--port",
-                    str(p), "--limit-bytes", str(START), "--virtual-bytes", "512Mi"], p, tmp / f"{n}.log")
-             for n, p in ports.items()]  # fmt: skip
+                    str(p), "--admin-port", str(a), "--limit-bytes", str(START), "--virtual-bytes", "512Mi"], p,
+                   tmp / f"{n}.log")
+             for n, (p, a) in ports.items()]  # fmt: skip
     try:
-        applied_s, in_use_s, rounds = react(group, {n: Endpoint("127.0.0.1", n, p) for n, p in ports.items()},
+        applied_s, in_use_s, rounds = react(group, {n: Endpoint("127.0.0.1", n, a) for n, (_, a) in ports.items()},
                                             args.interval, args.streams)  # fmt: skip
     finally:
         for proc in procs:

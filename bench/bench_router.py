@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kvpool-bench-router-"))
     sport, rport = free_port(), free_port()
     server = start([sys.executable, "-m", "kvpool_server", "--model", model, "--served-model-name", "tiny",
-                    "--port", str(sport), "--limit-bytes", "512Mi", "--virtual-bytes", "2Gi"], sport,
+                    "--port", str(sport), "--admin-port", str(free_port()), "--limit-bytes", "512Mi",
+                    "--virtual-bytes", "2Gi"], sport,
                    tmp / "server.log")  # fmt: skip
     router = start_router(f"http://127.0.0.1:{sport}", rport, tmp / "router.log")
     urls = {"direct": f"http://127.0.0.1:{sport}", "router": f"http://127.0.0.1:{rport}"}

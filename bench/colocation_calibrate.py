@@ -64,16 +64,16 @@ async def _set_limit(url: str, limit: int) -> None:
 def calibrate(setup: Setup, n_models: int, shape: Shape, tmp: Path, seconds: float = 20.0) -> Capacity:
     """One engine on core 0 (the other cores idle), first with the whole budget, then its share."""
     servers = start_servers(setup, Config("static", False), ("a",), tmp)  # one model: limit = budget
-    proc, ep = servers["a"]
+    proc, ep, url = servers["a"]
     try:
         block_bytes = int(httpx.get(ep.url + "/kvpool", timeout=30).json()["block_bytes"])
         tokens = sum(shape.prompt_tokens) / 2 + sum(shape.max_tokens) / 2
         request_bytes = math.ceil(tokens / BLOCK_TOKENS) * block_bytes
         clients = max(4, 2 * setup.budget // request_bytes)
-        asyncio.run(closed_loop(ep.url, "a", shape, clients, 5.0, seed=1))  # warm-up
-        full = asyncio.run(closed_loop(ep.url, "a", shape, clients, seconds, seed=2))
-        asyncio.run(_set_limit(ep.url, setup.budget // n_models))
-        share = asyncio.run(closed_loop(ep.url, "a", shape, clients, seconds, seed=3))
+        asyncio.run(closed_loop(url, "a", shape, clients, 5.0, seed=1))  # warm-up
+        full = asyncio.run(closed_loop(url, "a", shape, clients, seconds, seed=2))
+        asyncio.run(_set_limit(ep.url, setup.budget // n_models))  # the admin port
+        share = asyncio.run(closed_loop(url, "a", shape, clients, seconds, seed=3))
     finally:
         proc.terminate()
         proc.wait(timeout=120)

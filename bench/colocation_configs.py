@@ -25,7 +25,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 from kvpool_operator.balance import Balancer
@@ -67,10 +67,17 @@ def core_of(i: int) -> int:
     return i % (os.cpu_count() or 1)
 
 
-def server_cmd(setup: Setup, cfg: Config, name: str, port: int, n_models: int, tmp: Path) -> list[str]:
+class Running(NamedTuple):
+    proc: Any
+    admin: Endpoint  # the admin port, as the operator finds it
+    url: str  # the OpenAI port
+
+
+def server_cmd(setup: Setup, cfg: Config, name: str, ports: tuple[int, int], n_models: int, tmp: Path) -> list[str]:
     limit = setup.budget if cfg.policy == "free" else setup.budget // n_models
     cmd = [sys.executable, "-m", "kvpool_server", "--model", setup.model, "--served-model-name", name,
-           "--port", str(port), "--backend", setup.backend, "--limit-bytes", str(limit),
+           "--port", str(ports[0]), "--admin-port", str(ports[1]), "--backend", setup.backend,
+           "--limit-bytes", str(limit),
            "--virtual-bytes", str(setup.budget), "--max-model-len", "2048"]  # fmt: skip
     if cfg.policy == "free":
         cmd += ["--ledger-bytes", str(setup.budget), "--ledger-path", str(tmp / "ledger")]
@@ -79,18 +86,18 @@ def server_cmd(setup: Setup, cfg: Config, name: str, port: int, n_models: int, t
     return cmd
 
 
-def start_servers(setup: Setup, cfg: Config, models: tuple[str, ...], tmp: Path) -> dict[str, tuple[Any, Endpoint]]:
+def start_servers(setup: Setup, cfg: Config, models: tuple[str, ...], tmp: Path) -> dict[str, Running]:
     """Start every model's server at once, each pinned to its core; wait until all answer."""
     import concurrent.futures
 
-    def one(i: int, name: str) -> tuple[Any, Endpoint]:
-        port, core = free_port(), core_of(i)
-        cmd = server_cmd(setup, cfg, name, port, len(models), tmp)
+    def one(i: int, name: str) -> Running:
+        port, admin_port, core = free_port(), free_port(), core_of(i)
+        cmd = server_cmd(setup, cfg, name, (port, admin_port), len(models), tmp)
         env = {}
         if setup.backend == "host":  # on a GPU the device computes: no core of its own needed
             cmd, env = ["taskset", "-c", str(core), *cmd], {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
         proc = start(cmd, port, tmp / f"{name}-{cfg.name}.log", env)
-        return proc, Endpoint("127.0.0.1", name, port)
+        return Running(proc, Endpoint("127.0.0.1", name, admin_port), f"http://127.0.0.1:{port}")
 
     with concurrent.futures.ThreadPoolExecutor(len(models)) as ex:
         futures = {name: ex.submit(one, i, name) for i, name in enumerate(models)}

@@ -89,7 +89,8 @@ def _connector(model: str, name: str, port: int) -> tuple[list[str], dict[str, s
 def _kvpool(virtual: str) -> Callable[[str, str, int], tuple[list[str], dict[str, str]]]:
     def make(model: str, name: str, port: int) -> tuple[list[str], dict[str, str]]:
         return [sys.executable, "-m", "kvpool_server", "--model", model, "--served-model-name", name,
-                "--port", str(port), "--limit-bytes", LIMIT, "--virtual-bytes", virtual], {}  # fmt: skip
+                "--port", str(port), "--admin-port", str(free_port()), "--limit-bytes", LIMIT,
+                "--virtual-bytes", virtual], {}  # fmt: skip
 
     return make
 

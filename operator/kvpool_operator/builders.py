@@ -4,11 +4,14 @@ One pod per group replica, all of a pod's models on its one GPU:
 
     devicePlugin (default)                        dra (Kubernetes >= 1.34, NVIDIA DRA driver)
     pod                                           pod  resourceClaims: [gpu <- ResourceClaimTemplate]
-    +- container "models"  nvidia.com/gpu: 1      +- container "router"                   :9000
-       python -m kvpool_server.group              +- container <model a>  claims: [gpu]  :8000
-       +- kvpool-router            :9000          +- container <model b>  claims: [gpu]  :8001
-       +- kvpool-server <model a>  :8000
-       +- kvpool-server <model b>  :8001
+    +- container "models"  nvidia.com/gpu: 1      +- container "router"                     :9000
+       python -m kvpool_server.group              +- container <model a>  claims: [gpu]  :8000 :8100
+       +- kvpool-router            :9000          +- container <model b>  claims: [gpu]  :8001 :8101
+       +- kvpool-server <model a>  :8000 :8100
+       +- kvpool-server <model b>  :8001 :8101
+
+Each server's OpenAI API is on 8000 + i, its admin API on 8100 + i (port ``admin-i``): the chart's
+NetworkPolicy lets only the operator reach those.
 
 The device plugin hands a GPU to exactly one container, so that mode runs every model's server in
 one container (the group launcher); it works on every cluster with the NVIDIA device plugin,
@@ -20,8 +23,8 @@ the same pod without a GPU (``--backend host``; devicePlugin mode only).
 onto the pod spec, its env/envFrom/volumeMounts/resources onto every model container (``models``,
 or each model's own in DRA mode; never the router), its labels and annotations onto the pod.
 
-Services: one per model (``<group>-<model>``, port ``http``), whose EndpointSlices the operator
-reads to find each pod's server, and one for the group (``<group>``, port 80) on the router: one
+Services: one per model (``<group>-<model>``, ports ``http`` and ``admin``), whose EndpointSlices
+the operator reads to find each pod's admin API, and one for the group (``<group>``, port 80) on the router: one
 OpenAI base URL for every model of the group, chosen by the request's ``model``. Every object
 carries an owner reference to the resource, so deleting the resource deletes them.
 """
@@ -33,11 +36,23 @@ from typing import Any
 
 from kvpool_operator.crd import GROUP, KIND, VERSION
 from kvpool_operator.fields import thaw
-from kvpool_operator.podspec import GPU_RESOURCE, HF_CACHE, HF_HOME, MODELS, SHM, TMP, builder_mounts
+from kvpool_operator.podspec import (
+    ADMIN_TOKEN,
+    ADMIN_TOKEN_DIR,
+    GPU_RESOURCE,
+    HF_CACHE,
+    HF_HOME,
+    MODELS,
+    SHM,
+    TMP,
+    builder_mounts,
+)  # fmt: skip
 from kvpool_operator.policy import initial_limits
 from kvpool_operator.spec import Device, GroupSpec, Mode, ModelSpec, Workload
 
 BASE_PORT = 8000
+ADMIN_BASE_PORT = 8100  # model i's admin API: ADMIN_BASE_PORT + i
+ADMIN_PORT_NAME = "admin"  # the per-model Service's port the operator reads from EndpointSlices
 ROUTER_PORT = 9000
 SHM_HEADROOM = 1 << 30  # /dev/shm beyond the offload tiers (NCCL, vLLM's own shared memory)
 MODEL_LABEL = f"{GROUP}/model"
@@ -76,11 +91,12 @@ def _meta(body: dict[str, Any], name: str, model: str | None = None) -> dict[str
 TINY_MODEL = "tiny"  # as in `kvpool_server.group --serve NAME=tiny`: the server builds its embedded model
 
 
-def server_args(group: GroupSpec, model: ModelSpec, port: int, limit: int) -> list[str]:
+def server_args(group: GroupSpec, model: ModelSpec, index: int, limit: int) -> list[str]:
     budget = next(b for b in group.policy.models if b.name == model.name)
     source = [] if model.model == TINY_MODEL else ["--model", model.model]
     args = [
-        *source, "--served-model-name", model.name, "--host", "0.0.0.0", "--port", str(port),
+        *source, "--served-model-name", model.name, "--host", "0.0.0.0", "--port", str(BASE_PORT + index),
+        "--admin-port", str(ADMIN_BASE_PORT + index), *_token_args(group.workload),
         # no --enforce-eager: the server's default keeps CUDA graphs on with cuda (off with host)
         "--backend", _BACKENDS[group.workload.device],
         "--limit-bytes", str(limit), "--virtual-bytes", str(budget.max_bytes), "--log-json", "true",
@@ -101,13 +117,14 @@ def _security() -> dict[str, Any]:
     }
 
 
+def _token_args(w: Workload) -> list[str]:
+    return ["--admin-token-file", f"{ADMIN_TOKEN_DIR}/token"] if w.admin_token_secret else []
+
+
 def _env(w: Workload, model: bool) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": "HOME", "value": "/tmp"}]
     if model:
         env += _hub_env(w)
-    if w.admin_token_secret:
-        ref = {"name": w.admin_token_secret, "key": "token"}
-        env.append({"name": "KVPOOL_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": ref}})
     return env
 
 
@@ -149,17 +166,19 @@ def _container(
         "readinessProbe": _probe(first, "/readyz"),
         "livenessProbe": _probe(first, "/livez") | {"initialDelaySeconds": 600},  # model load can be slow
         "securityContext": _security(),
-        "volumeMounts": [{"name": TMP, "mountPath": "/tmp"}, {"name": SHM, "mountPath": "/dev/shm"}],
-    }
+        "volumeMounts": [{"name": TMP, "mountPath": "/tmp"}, {"name": SHM, "mountPath": "/dev/shm"}]
+        + ([{"name": ADMIN_TOKEN, "mountPath": ADMIN_TOKEN_DIR, "readOnly": True}] if group.workload.admin_token_secret
+           else []),
+    }  # fmt: skip
 
 
 def _model_container(c: dict[str, Any], w: Workload, resources: dict[str, Any]) -> dict[str, Any]:
     """A model server's container: the model and hub-cache mounts, then the overlay's env,
     envFrom, volumeMounts and resources (requests/limits beside the builder's GPU, which the spec
     keeps the overlay from naming)."""
-    mounts = builder_mounts(w.model_volume, w.hugging_face)
+    mounts = builder_mounts(w.model_volume, w.hugging_face, admin_token=bool(w.admin_token_secret))
     c["volumeMounts"] = [
-        {"name": name, "mountPath": path} | ({"readOnly": True} if name == MODELS else {})
+        {"name": name, "mountPath": path} | ({"readOnly": True} if name in (MODELS, ADMIN_TOKEN) else {})
         for name, path in mounts.items()
     ] + thaw(w.pod.volume_mounts)
     c["env"] = _merge_env(c["env"], thaw(w.pod.env))
@@ -175,16 +194,18 @@ def _model_container(c: dict[str, Any], w: Workload, resources: dict[str, Any]) 
 
 def router_args(group: GroupSpec) -> list[str]:
     upstreams = [f"--upstream={m.name}=http://127.0.0.1:{BASE_PORT + i}" for i, m in enumerate(group.models)]
-    return ["--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--log-json", "true", *upstreams]
+    return ["--host", "0.0.0.0", "--port", str(ROUTER_PORT), "--log-json", "true", *_token_args(group.workload),
+            *upstreams]  # fmt: skip
 
 
 def _containers(group: GroupSpec) -> list[dict[str, Any]]:
     limits = initial_limits(group.policy)
-    ports = {m.name: BASE_PORT + i for i, m in enumerate(group.models)}
-    named = {f"http-{i}": p for i, p in enumerate(ports.values())}
+    named = {f"http-{i}": BASE_PORT + i for i in range(len(group.models))} | {
+        f"admin-{i}": ADMIN_BASE_PORT + i for i in range(len(group.models))}  # fmt: skip
     router = {"name": "router", "module": "kvpool_server.router", "args": router_args(group)}
     if group.workload.mode is Mode.DEVICE_PLUGIN:
-        servers = [{"name": m.name, "args": server_args(group, m, ports[m.name], limits[m.name])} for m in group.models]
+        models = enumerate(group.models)
+        servers = [{"name": m.name, "args": server_args(group, m, i, limits[m.name])} for i, m in models]
         c = _container("models", group, ["python", "-m", "kvpool_server.group"], {"http": ROUTER_PORT, **named})
         entries = json.dumps([router, *servers], separators=(",", ":"))
         c["env"].append({"name": "KVPOOL_GROUP_SERVERS", "value": entries})
@@ -193,8 +214,9 @@ def _containers(group: GroupSpec) -> list[dict[str, Any]]:
     out = [_container("router", group, ["python", "-m", "kvpool_server.router", *router["args"]],
                       {"http": ROUTER_PORT}, model=False)]  # fmt: skip
     for i, m in enumerate(group.models):  # port names are unique within a pod, not a container
-        args = server_args(group, m, ports[m.name], limits[m.name])
-        c = _container(m.name, group, ["python", "-m", "kvpool_server", *args], {f"http-{i}": ports[m.name]})
+        args = server_args(group, m, i, limits[m.name])
+        ports = {f"http-{i}": BASE_PORT + i, f"admin-{i}": ADMIN_BASE_PORT + i}
+        c = _container(m.name, group, ["python", "-m", "kvpool_server", *args], ports)
         out.append(_model_container(c, group.workload, {"claims": [{"name": "gpu"}]}))
     return out
 
@@ -208,6 +230,9 @@ def _volumes(group: GroupSpec) -> list[dict[str, Any]]:
         out.append({"name": MODELS, **thaw(w.model_volume.source)})
     if w.hugging_face is not None:
         out.append({"name": HF_CACHE, **thaw(w.hugging_face.cache_volume)})
+    if w.admin_token_secret:
+        items = [{"key": "token", "path": "token"}]
+        out.append({"name": ADMIN_TOKEN, "secret": {"secretName": w.admin_token_secret, "items": items}})
     user: list[dict[str, Any]] = thaw(w.pod.volumes)
     return out + user
 
@@ -272,8 +297,11 @@ def services(body: dict[str, Any], group: GroupSpec) -> list[dict[str, Any]]:
     selector = {GROUP_LABEL: name}
     out = []
     for i, m in enumerate(group.models):
-        port = {"name": "http", "port": 80, "targetPort": BASE_PORT + i, "protocol": "TCP"}
-        spec = {"selector": selector, "ports": [port]}
+        ports = [
+            {"name": "http", "port": 80, "targetPort": BASE_PORT + i, "protocol": "TCP"},
+            {"name": ADMIN_PORT_NAME, "port": ADMIN_BASE_PORT, "targetPort": ADMIN_BASE_PORT + i, "protocol": "TCP"},
+        ]
+        spec = {"selector": selector, "ports": ports}
         out.append({"apiVersion": "v1", "kind": "Service", "metadata": _meta(body, f"{name}-{m.name}", m.name),
                     "spec": spec})  # fmt: skip
     port = {"name": "http", "port": 80, "targetPort": ROUTER_PORT, "protocol": "TCP"}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpool_operator.spec import NAME_RE, QUANTITY_RE
+from kvpool_operator.spec import MAX_MODELS, NAME_RE, QUANTITY_RE
 
 GROUP, VERSION, KIND, PLURAL = "kvpool.dev", "v1alpha1", "ColocatedModels", "colocatedmodels"
 
@@ -114,7 +114,7 @@ def _spec_schema() -> dict[str, Any]:
         "required": ["gpuMemoryBudgetBytes", "models"],
         "properties": {
             "gpuMemoryBudgetBytes": {**_BYTES, "description": "GPU memory all the group's KV pools may use"},
-            "models": {"type": "array", "minItems": 1, "items": _model_schema()},
+            "models": {"type": "array", "minItems": 1, "maxItems": MAX_MODELS, "items": _model_schema()},
             "workload": _workload_schema(),
             "rebalance": {
                 "type": "object",

@@ -30,8 +30,11 @@ from typing import Any
 from kvpool_operator import fields
 from kvpool_operator.fields import Frozen, SpecError
 
-TMP, SHM, MODELS, HF_CACHE = "tmp", "shm", "models", "hf-cache"
-BUILDER_VOLUMES = (TMP, SHM, MODELS, HF_CACHE)  # reserved whether or not this pod has them
+TMP, SHM, MODELS, HF_CACHE, ADMIN_TOKEN = "tmp", "shm", "models", "hf-cache", "admin-token"
+BUILDER_VOLUMES = (TMP, SHM, MODELS, HF_CACHE, ADMIN_TOKEN)  # reserved whether or not this pod has them
+# the admin token as a file, not an environment variable: the kubelet updates a mounted Secret in
+# place, and the servers read the file again when it changes (rotation without a restart)
+ADMIN_TOKEN_DIR = "/var/run/kvpool/admin-token"
 HF_HOME = "/hf-cache"
 _FIXED_MOUNTS = {TMP: "/tmp", SHM: "/dev/shm"}  # in every container
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -91,9 +94,13 @@ class PodOverlay:
     annotations: Mapping[str, str] = _no_keys()
 
 
-def builder_mounts(model_volume: ModelVolume | None, hugging_face: HuggingFace | None) -> dict[str, str]:
+def builder_mounts(
+    model_volume: ModelVolume | None, hugging_face: HuggingFace | None, admin_token: bool
+) -> dict[str, str]:
     """Volume name -> mount path, of what the builder mounts in a model container."""
     out = dict(_FIXED_MOUNTS)
+    if admin_token:
+        out[ADMIN_TOKEN] = ADMIN_TOKEN_DIR
     if model_volume is not None:
         out[MODELS] = model_volume.mount_path
     if hugging_face is not None:

@@ -13,7 +13,7 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 
-from kvpool_operator.builders import GROUP_LABEL, MODEL_LABEL
+from kvpool_operator.builders import ADMIN_PORT_NAME, GROUP_LABEL, MODEL_LABEL
 from kvpool_operator.wire import PoolState, ResizeReply, WireError
 
 T = TypeVar("T")
@@ -37,11 +37,11 @@ class Endpoint:
 
 def endpoints_from_slices(slices: list[dict[str, Any]]) -> list[Endpoint]:
     """Ready endpoints of the per-model Services' EndpointSlices (v1beta1 on Kubernetes 1.20, v1
-    later: the fields read here are the same)."""
+    later: the fields read here are the same), at their admin port."""
     out: list[Endpoint] = []
     for s in slices:
         model = (s.get("metadata", {}).get("labels") or {}).get(MODEL_LABEL)
-        port = next((p.get("port") for p in s.get("ports") or [] if p.get("name") == "http"), None)
+        port = next((p.get("port") for p in s.get("ports") or [] if p.get("name") == ADMIN_PORT_NAME), None)
         if not model or port is None:
             continue
         for ep in s.get("endpoints") or []:

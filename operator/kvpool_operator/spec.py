@@ -38,6 +38,9 @@ from kvpool_operator.fields import SpecError as SpecError  # raised here, import
 from kvpool_operator.podspec import HuggingFace, ModelVolume, PodOverlay
 from kvpool_operator.policy import Arbitration, GroupPolicy, ModelBudget
 
+# each model takes ports 8000 + i and 8100 + i; the chart's NetworkPolicy lists the OpenAI ones
+MAX_MODELS = 16
+
 _UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9}
 QUANTITY_RE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G)?$")
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")
@@ -108,6 +111,8 @@ def parse_group(spec: dict[str, Any]) -> GroupSpec:
     raw_models = _required(spec, "models", "spec")
     if not isinstance(raw_models, list) or not raw_models:
         raise SpecError("spec.models: list at least one model")
+    if len(raw_models) > MAX_MODELS:
+        raise SpecError(f"spec.models: at most {MAX_MODELS} models share one pod, got {len(raw_models)}")
     budgets, models = [], []
     for i, raw in enumerate(raw_models):
         budget_i, model_i = _model(raw, f"spec.models[{i}]")
@@ -174,7 +179,7 @@ def _workload(raw: Any) -> Workload:
         raise SpecError("spec.workload.image: give the kvpool image to run")
     model_volume = podspec.parse_model_volume(raw)
     hugging_face = podspec.parse_hugging_face(raw.get("huggingFace"))
-    mounts = podspec.builder_mounts(model_volume, hugging_face)
+    mounts = podspec.builder_mounts(model_volume, hugging_face, admin_token=bool(secret))
     return Workload(
         mode=mode, device=device, replicas=replicas, image=image, admin_token_secret=secret,
         offload_bytes=quantity(raw.get("offloadBytes", 0), "spec.workload.offloadBytes"),

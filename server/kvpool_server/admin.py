@@ -6,7 +6,10 @@
     POST /kvpool/trim   -> the TrimResult: idle pages released now
     GET  /kvpool/integrity -> {"ok": true}, or a 500 naming the broken invariant
 
-Bearer-token protected when a token is configured. Errors are 4xx with a message that says what
+They are served on their own port (``--admin-port``), so that a NetworkPolicy can let only the
+operator reach them; the OpenAI port serves ``GET /kvpool`` alone (read-only, for the router and
+for people) and answers 404 to the rest. Bearer-token protected when a token is configured (the
+token file is read again when it changes). Errors are 4xx with a message that says what
 to fix (422: the body; 400: a value the pool refuses), 503 when the engine does not answer.
 """
 
@@ -24,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from kvpool import ConfigError, DemandStats, KVPoolError, PoolSnapshot
 from kvpool.control import AsyncControlClient, EngineUnavailable
+from kvpool_server.flags import AdminToken
 from kvpool_server.metrics import ResizeTimer
 
 T = TypeVar("T")
@@ -48,7 +52,7 @@ class PoolAdmin:
         control: AsyncControlClient,
         timer: ResizeTimer,
         demand: Callable[[], dict[str, int]],
-        token: str | None,
+        token: AdminToken,
     ) -> None:
         self.control, self.timer, self.demand, self.token = control, timer, demand, token
 
@@ -71,7 +75,8 @@ class PoolAdmin:
 
 def _authorize(admin: PoolAdmin) -> Callable[..., Awaitable[None]]:
     async def check(authorization: Annotated[str | None, Header()] = None) -> None:
-        if admin.token is None:
+        token = admin.token.current()
+        if token is None:
             return
         if not authorization or not authorization.startswith("Bearer "):
             raise HTTPException(
@@ -79,18 +84,26 @@ def _authorize(admin: PoolAdmin) -> Callable[..., Awaitable[None]]:
                 detail="missing bearer token: send 'Authorization: Bearer <admin token>'",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        if not secrets.compare_digest(authorization.removeprefix("Bearer ").strip(), admin.token):
+        if not secrets.compare_digest(authorization.removeprefix("Bearer ").strip(), token):
             raise HTTPException(403, detail="wrong admin token")
 
     return check
 
 
-def admin_router(admin: PoolAdmin) -> APIRouter:
+def snapshot_router(admin: PoolAdmin) -> APIRouter:
+    """``GET /kvpool`` alone: what the OpenAI port serves of the admin API."""
     router = APIRouter(prefix="/kvpool", tags=["kvpool"], dependencies=[Depends(_authorize(admin))])
 
     @router.get("", summary="The pool's snapshot")
     async def get_snapshot() -> dict[str, Any]:
         return (await admin.snapshot()).to_dict()
+
+    return router
+
+
+def control_router(admin: PoolAdmin) -> APIRouter:
+    """The routes that change the pool or cost the engine a pass: the admin port's alone."""
+    router = APIRouter(prefix="/kvpool", tags=["kvpool"], dependencies=[Depends(_authorize(admin))])
 
     @router.put("/limit", summary="Set the physical KV limit")
     async def put_limit(body: LimitRequest, request: Request) -> dict[str, Any]:

@@ -1,9 +1,11 @@
-"""Assemble the server: vLLM's OpenAI app, plus the admin API, kvpool metrics and probes."""
+"""Assemble the server: vLLM's OpenAI app (plus the read-only snapshot, kvpool metrics and probes)
+on the public port, and the admin API on an app of its own for the admin port."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Response
@@ -14,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from kvpool.control import AsyncControlClient
 from kvpool.vllm.launch.args import PoolEngineConfig
 from kvpool.vllm.launch.openai import openai_app, prometheus_registry
-from kvpool_server.admin import PoolAdmin, admin_router
+from kvpool_server.admin import PoolAdmin, control_router, snapshot_router
 from kvpool_server.metrics import PoolCollector, ResizeTimer
 from kvpool_server.settings import ServerSettings
 
@@ -39,7 +41,13 @@ def demand_reader(registry: Any) -> Callable[[], dict[str, int]]:
     return read
 
 
-async def build_app(settings: ServerSettings, pool: PoolEngineConfig, args: argparse.Namespace, client: Any) -> Any:
+@dataclass(frozen=True)
+class Apps:
+    public: FastAPI  # the OpenAI port: vLLM's routes, GET /kvpool, /metrics, /livez, /readyz
+    admin: FastAPI  # the admin port: every /kvpool route
+
+
+async def build_apps(settings: ServerSettings, pool: PoolEngineConfig, args: argparse.Namespace, client: Any) -> Apps:
     app: FastAPI = await openai_app(client, args)
     model = pool.settings().model
     registry = prometheus_registry()
@@ -47,11 +55,14 @@ async def build_app(settings: ServerSettings, pool: PoolEngineConfig, args: argp
     registry.register(collector)
     control = AsyncControlClient(pool.control_address, timeout_s=pool.settings().control_timeout_s,
                                  wake=client.is_sleeping)  # fmt: skip
-    admin = PoolAdmin(control, ResizeTimer(registry, model), demand_reader(registry), settings.resolved_admin_token())
-    app.include_router(admin_router(admin))
+    admin = PoolAdmin(control, ResizeTimer(registry, model), demand_reader(registry), settings.admin_token_source())
+    app.include_router(snapshot_router(admin))
     _add_probes(app, admin, client)
     _refresh_metrics_on_scrape(app, admin, collector, registry)
-    return app
+    door = FastAPI(title="kvpool admin", version="1", description="The pool's admin API (docs/api.md)")
+    door.include_router(snapshot_router(admin))
+    door.include_router(control_router(admin))
+    return Apps(app, door)
 
 
 def _add_probes(app: FastAPI, admin: PoolAdmin, client: Any) -> None:

@@ -7,12 +7,14 @@ import argparse
 import logging
 import os
 import shlex
+import socket
 import sys
 from pathlib import Path
 
 from kvpool import ConfigError
 from kvpool.vllm.launch.args import PoolEngineConfig
 from kvpool.vmm.base import BackendKind
+from kvpool_server import door
 from kvpool_server.flags import parse_flags
 from kvpool_server.logs import configure_logging
 from kvpool_server.settings import POOL_FIELDS, ServerSettings
@@ -63,15 +65,18 @@ def resolve_model(settings: ServerSettings) -> str:
     return str(build_tiny_model(Path(settings.model_cache) / "tiny-model"))
 
 
-async def serve(settings: ServerSettings, pool: PoolEngineConfig, args: argparse.Namespace) -> None:
+async def serve(settings: ServerSettings, pool: PoolEngineConfig, args: argparse.Namespace,
+                admin_sock: socket.socket) -> None:  # fmt: skip
     from kvpool.vllm.launch import openai as vllm_openai
-    from kvpool_server.app import build_app
+    from kvpool_server.app import build_apps
 
     _, sock = vllm_openai.listen_socket(args)
     async with vllm_openai.engine_client(args) as client:
-        app = await build_app(settings, pool, args, client)
+        apps = await build_apps(settings, pool, args, client)
         configure_logging(settings.log_json)  # again: starting the engine reconfigured logging
-        shutdown = await vllm_openai.serve(app, sock, args, timeout_graceful_shutdown=settings.grace_period_s)
+        async with door.serving(apps.admin, admin_sock):
+            shutdown = await vllm_openai.serve(apps.public, sock, args,
+                                               timeout_graceful_shutdown=settings.grace_period_s)  # fmt: skip
     try:
         await shutdown
     finally:
@@ -89,13 +94,14 @@ def main(argv: list[str] | None = None) -> None:
         from kvpool.vllm.launch.openai import parse_serve_args
 
         args = parse_serve_args(vllm_argv(settings, pool))
+        admin_sock = door.bind_admin_port(settings.host, settings.admin_port)
     except ConfigError as e:
         sys.exit(f"kvpool-server: error: {e}")
-    log.info("serving %s on %s:%d (kvpool control %s)", pool.model, settings.host, settings.port,
-             pool.control_address)  # fmt: skip
+    log.info("serving %s on %s:%d, admin API on port %d (kvpool control %s)", pool.model, settings.host,
+             settings.port, settings.admin_port, pool.control_address)  # fmt: skip
     import uvloop
 
-    uvloop.run(serve(settings, pool, args))
+    uvloop.run(serve(settings, pool, args, admin_sock))
 
 
 if __name__ == "__main__":

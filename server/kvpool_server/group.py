@@ -5,7 +5,8 @@ device-plugin mode, where only one container can hold the pod's GPU).
                            {"name": "router", "module": "kvpool_server.router", "args": [...]}]'
     python -m kvpool_server.group
 
-or, on one machine, a group behind one port without writing that JSON (servers on PORT+1, ...):
+or, on one machine, a group behind one port without writing that JSON (servers on PORT+1, ...,
+their admin APIs on PORT+101, ...):
 
     python -m kvpool_server.group --serve smol=/models/SmolLM2 --serve tiny=tiny --port 8000
 
@@ -62,7 +63,8 @@ def local_group(argv: list[str]) -> list[dict[str, Any]]:
         if not sep or not name or not model:
             p.error(f"--serve {item!r}: write NAME=MODEL (a model folder, a Hugging Face id, or 'tiny')")
         port = args.port + i
-        flags = ["--served-model-name", name, "--port", str(port), *args.server_args.split()]
+        flags = ["--served-model-name", name, "--port", str(port), "--admin-port", str(port + 100),
+                 *args.server_args.split()]  # fmt: skip
         entries.append({"name": name, "args": flags if model == "tiny" else ["--model", model, *flags]})
         upstreams.append(f"--upstream={name}=http://127.0.0.1:{port}")
     router = {"name": "router", "module": "kvpool_server.router", "args": ["--port", str(args.port), *upstreams]}

@@ -46,7 +46,11 @@ class ServerSettings(AdminTokenOptions):
     model: str = Field("", description="model path or cached id; empty = the embedded tiny model built locally")
     served_model_name: str = Field("", description="name clients use (default: the model directory's name)")
     host: str = Field("127.0.0.1", description="address to listen on")
-    port: int = Field(8000, ge=1, le=65535, description="HTTP port")
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port of the OpenAI API")
+    admin_port: int = Field(
+        8100, ge=1, le=65535, description="HTTP port of the /kvpool admin routes (resize, trim, integrity), on the "
+        "same host: keep it private (the chart's NetworkPolicy lets only the operator reach it)",
+    )  # fmt: skip
     backend: Literal["host", "cuda"] = Field("host", description=engine_doc("backend"))
     limit_bytes: Bytes = Field(256 << 20, gt=0, description=engine_doc("limit_bytes", "256Mi, 4Gi"))
     virtual_bytes: Bytes = Field(2 << 30, gt=0, description=engine_doc("virtual_bytes", "e.g. 2Gi"))
@@ -71,6 +75,8 @@ class ServerSettings(AdminTokenOptions):
 
     @model_validator(mode="after")
     def _check(self) -> ServerSettings:
+        if self.admin_port == self.port:
+            raise ValueError(f"admin-port and port are both {self.port}: the admin API needs a port of its own")
         if self.limit_bytes > self.virtual_bytes:
             raise ValueError(f"limit-bytes ({self.limit_bytes}) must not exceed virtual-bytes ({self.virtual_bytes})")
         if self.offload_bytes and not self.offload_dir.is_dir():

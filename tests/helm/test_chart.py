@@ -97,6 +97,42 @@ def test_monitoring_objects_need_the_prometheus_operator() -> None:
     assert "PrometheusRule" not in kinds
 
 
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A LabelSelector of matchLabels alone (what the chart writes) against a pod's labels."""
+    assert set(selector) <= {"matchLabels"}, selector
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def test_the_network_policy_lets_only_the_operators_pods_reach_the_admin_ports() -> None:
+    from kvpool_operator.builders import deployment
+    from kvpool_operator.spec import MAX_MODELS, parse_group
+
+    docs = render()
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    (op,) = [d for d in docs if d["kind"] == "Deployment"]
+    operator_pod = op["spec"]["template"]["metadata"]["labels"]
+    models = [{"name": f"m{i}", "model": "tiny", "minBytes": 0, "maxBytes": "1Gi"} for i in range(MAX_MODELS)]
+    body = {"metadata": {"name": "g", "namespace": "kvpool-system", "uid": "u"}}
+    group = deployment(body, parse_group({"gpuMemoryBudgetBytes": "8Gi", "models": models}))["spec"]["template"]
+    ports = {p["name"]: p["containerPort"] for c in group["spec"]["containers"] for p in c["ports"]}
+    spec = policy["spec"]
+    assert policy["metadata"]["namespace"] == "kvpool-system"
+    assert selects(spec["podSelector"], group["metadata"]["labels"])  # every group pod the operator builds ...
+    assert not selects(spec["podSelector"], operator_pod)  # ... and not the operator
+    assert spec["policyTypes"] == ["Ingress"]
+    door, public = spec["ingress"]
+    (peer,) = door["from"]
+    assert selects(peer["podSelector"], operator_pod)
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kvpool-system"}}
+    assert "from" not in public  # the OpenAI ports: anyone
+    open_ports = {p["port"] for p in public["ports"]}
+    assert {p for n, p in ports.items() if n.startswith("admin-")}.isdisjoint(open_ports)
+    assert {p for n, p in ports.items() if n.startswith("http")} <= open_ports  # the router's and every server's
+    assert "NetworkPolicy" not in {d["kind"] for d in render("--set", "networkPolicy.enabled=false")}
+    watched = render("--set-json", 'operator.namespaces=["a","b"]')
+    assert [d["metadata"]["namespace"] for d in watched if d["kind"] == "NetworkPolicy"] == ["a", "b"]
+
+
 def test_the_values_schema_for_groups_is_the_crds_own_schema() -> None:
     """One source: the chart checks ``groups`` with what the API server admits (generated)."""
     schema = json.loads((CHART / "values.schema.json").read_text())

@@ -68,11 +68,12 @@ def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
 
 
 def free_ports(n: int) -> int:
-    """A port P with P+1 .. P+n-1 free too (the launcher puts the servers after the router)."""
+    """A port P with P+1 .. P+n-1 free too (the launcher puts the servers after the router), and
+    their admin ports P+101 .. P+n+99."""
     for _ in range(50):
         p = free_port()
         try:
-            for q in range(p, p + n):
+            for q in [*range(p, p + n), *range(p + 101, p + n + 100)]:
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", q))
             return p
@@ -82,7 +83,13 @@ def free_ports(n: int) -> int:
 
 
 def endpoint_slice(
-    ns: str, service: str, port: int, pod: str, labels: dict[str, str], port_name: str = "http"
+    ns: str,
+    service: str,
+    port: int,
+    pod: str,
+    labels: dict[str, str],
+    port_name: str = "http",
+    admin_port: int | None = None,
 ) -> dict[str, Any]:
     """What the endpoint-slice controller writes for a ready pod behind ``service`` (our 'pod'
     listens on 127.0.0.1); the Service's labels are mirrored onto it, as the controller does."""
@@ -90,7 +97,8 @@ def endpoint_slice(
         "apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice", "addressType": "IPv4",
         "metadata": {"name": f"{service}-local", "namespace": ns, "labels": {
             **labels, "kubernetes.io/service-name": service, "endpointslice.kubernetes.io/managed-by": "kvpool-tests"}},
-        "ports": [{"name": port_name, "port": port, "protocol": "TCP"}],
+        "ports": [{"name": port_name, "port": port, "protocol": "TCP"}]
+        + ([{"name": "admin", "port": admin_port, "protocol": "TCP"}] if admin_port else []),
         "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True},
                        "targetRef": {"kind": "Pod", "name": pod, "namespace": ns}}],
     }  # fmt: skip
@@ -177,7 +185,8 @@ def register_group(api: k8s.ApiClient, port: int) -> None:
     services = {"g": port, "g-a": port + 1, "g-b": port + 2}
     for name, p in services.items():
         svc = wait_for(lambda n=name: _maybe(lambda: core.read_namespaced_service(n, NS)), 60, f"Service {name}")
-        create_slice(api, endpoint_slice(NS, name, p, POD, svc.metadata.labels))
+        admin_port = p + 100 if name != "g" else None  # the launcher's admin ports
+        create_slice(api, endpoint_slice(NS, name, p, POD, svc.metadata.labels, admin_port=admin_port))
 
 
 def _maybe(read: Callable[[], Any]) -> Any:

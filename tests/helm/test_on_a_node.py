@@ -166,7 +166,7 @@ def test_load_on_one_model_moves_memory_to_it_within_the_budget(node: NodeCluste
         loader.join(timeout=320)
     print(f"memory moved after {samples} samples: {limits}")
     for m, i in (("a", 0), ("b", 1)):
-        r = httpx.get(f"http://{ip}:{8000 + i}/kvpool/integrity", timeout=10,
+        r = httpx.get(f"http://{ip}:{8100 + i}/kvpool/integrity", timeout=10,
                       headers={"authorization": f"Bearer {admin_token(node)}"})  # fmt: skip
         assert r.json() == {"ok": True}, m
 

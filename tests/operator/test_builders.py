@@ -5,6 +5,7 @@ Kubernetes 1.34 and 1.37 (offline schemas, strict)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -58,15 +59,20 @@ def test_the_device_plugin_deployment_is_exactly_this() -> None:
     servers = json.loads(next(e["value"] for e in c["env"] if e["name"] == "KVPOOL_GROUP_SERVERS"))
     assert servers == [
         {"name": "router", "module": "kvpool_server.router",
-         "args": ["--host", "0.0.0.0", "--port", "9000", "--log-json", "true", "--upstream=llama=http://127.0.0.1:8000",
+         "args": ["--host", "0.0.0.0", "--port", "9000", "--log-json", "true",
+                  "--admin-token-file", "/var/run/kvpool/admin-token/token", "--upstream=llama=http://127.0.0.1:8000",
                   "--upstream=qwen=http://127.0.0.1:8001"]},
         {"name": "llama", "args": ["--model", "/models/llama", "--served-model-name", "llama", "--host", "0.0.0.0",
-                                   "--port", "8000", "--backend", "cuda", "--limit-bytes", str(28 * GiB),
+                                   "--port", "8000", "--admin-port", "8100",
+                                   "--admin-token-file", "/var/run/kvpool/admin-token/token",
+                                   "--backend", "cuda", "--limit-bytes", str(28 * GiB),
                                    "--virtual-bytes", str(30 * GiB), "--log-json", "true",
                                    "--ledger-bytes", str(40 * GiB), "--offload-bytes", str(2 * GiB),
                                    "--offload-dir", "/dev/shm"]},
         {"name": "qwen", "args": ["--model", "/models/qwen", "--served-model-name", "qwen", "--host", "0.0.0.0",
-                                  "--port", "8001", "--backend", "cuda", "--limit-bytes", str(12 * GiB),
+                                  "--port", "8001", "--admin-port", "8101",
+                                  "--admin-token-file", "/var/run/kvpool/admin-token/token",
+                                  "--backend", "cuda", "--limit-bytes", str(12 * GiB),
                                   "--virtual-bytes", str(30 * GiB), "--log-json", "true",
                                   "--ledger-bytes", str(40 * GiB), "--offload-bytes", str(2 * GiB),
                                   "--offload-dir", "/dev/shm", "--max-model-len", "4096"]},
@@ -84,20 +90,23 @@ def test_the_device_plugin_deployment_is_exactly_this() -> None:
                 "containers": [{
                     "name": "models", "image": "ghcr.io/kvpool/kvpool:0.1.0",
                     "command": ["python", "-m", "kvpool_server.group"],
-                    "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_OFFLINE", "value": "1"},
-                            {"name": "KVPOOL_ADMIN_TOKEN",
-                             "valueFrom": {"secretKeyRef": {"name": "pair-admin", "key": "token"}}}],
+                    "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HUB_OFFLINE", "value": "1"}],
                     "ports": [{"name": "http", "containerPort": 9000}, {"name": "http-0", "containerPort": 8000},
-                              {"name": "http-1", "containerPort": 8001}],
+                              {"name": "http-1", "containerPort": 8001}, {"name": "admin-0", "containerPort": 8100},
+                              {"name": "admin-1", "containerPort": 8101}],
                     "readinessProbe": {"httpGet": {"path": "/readyz", "port": 9000}, **probe},
                     "livenessProbe": {"httpGet": {"path": "/livez", "port": 9000}, **probe, "initialDelaySeconds": 600},
                     "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                         "capabilities": {"drop": ["ALL"]}},
-                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"}],
+                    "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "shm", "mountPath": "/dev/shm"},
+                                     {"name": "admin-token", "mountPath": "/var/run/kvpool/admin-token",
+                                      "readOnly": True}],
                     "resources": {"limits": {"nvidia.com/gpu": "1"}},
                 }],
                 "volumes": [{"name": "tmp", "emptyDir": {}},
-                            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(5 * GiB)}}],
+                            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": str(5 * GiB)}},
+                            {"name": "admin-token", "secret": {"secretName": "pair-admin",
+                                                               "items": [{"key": "token", "path": "token"}]}}],
                 "terminationGracePeriodSeconds": 60,
                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             }},
@@ -120,7 +129,7 @@ def test_dra_mode_gives_each_model_a_container_sharing_one_claim() -> None:
         ("qwen", {"claims": [{"name": "gpu"}]}, ["python", "-m", "kvpool_server"]),
     ]
     names = [p["name"] for c in pod["containers"] for p in c["ports"]]
-    assert names == ["http", "http-0", "http-1"]  # unique within the pod
+    assert names == ["http", "http-0", "admin-0", "http-1", "admin-1"]  # unique within the pod
     assert pod["containers"][0]["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": 9000}
     assert dep["spec"]["replicas"] == 2
 
@@ -129,8 +138,10 @@ def test_services_one_per_model_and_one_for_the_group_on_its_router() -> None:
     svcs = services(BODY, parse_group(spec()))
     seen = [(s["metadata"]["name"], s["metadata"]["labels"].get("kvpool.dev/model"), s["spec"]["ports"]) for s in svcs]
     assert seen == [
-        ("pair-llama", "llama", [{"name": "http", "port": 80, "targetPort": 8000, "protocol": "TCP"}]),
-        ("pair-qwen", "qwen", [{"name": "http", "port": 80, "targetPort": 8001, "protocol": "TCP"}]),
+        ("pair-llama", "llama", [{"name": "http", "port": 80, "targetPort": 8000, "protocol": "TCP"},
+                                 {"name": "admin", "port": 8100, "targetPort": 8100, "protocol": "TCP"}]),
+        ("pair-qwen", "qwen", [{"name": "http", "port": 80, "targetPort": 8001, "protocol": "TCP"},
+                               {"name": "admin", "port": 8100, "targetPort": 8101, "protocol": "TCP"}]),
         ("pair", None, [{"name": "http", "port": 80, "targetPort": 9000, "protocol": "TCP"}]),  # the router
     ]  # fmt: skip
     assert all(s["spec"]["selector"] == {"kvpool.dev/group": "pair"} for s in svcs)
@@ -338,16 +349,21 @@ def test_every_manifest_with_the_workload_fields_is_valid_for_current_kubernetes
 
 @pytest.mark.parametrize(
     "workload",
-    [{}, {"mode": "dra"}, {"device": "cpu", "offloadBytes": "1Gi"}],
-    ids=["devicePlugin", "dra", "cpu+tier"],
+    [{}, {"mode": "dra"}, {"device": "cpu", "offloadBytes": "1Gi"}, {"adminTokenSecret": "s"}],
+    ids=["devicePlugin", "dra", "cpu+tier", "token"],
 )
-def test_every_argv_the_builders_write_is_one_the_server_and_router_accept(workload: dict[str, Any]) -> None:
+def test_every_argv_the_builders_write_is_one_the_server_and_router_accept(
+    workload: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The contract between the operator and the image: a flag the server does not take (a
     missing value, a renamed option) fails every pod at start -- found once only on a real node."""
+    from kvpool_operator import builders
     from kvpool_server.cli import parse_settings
     from kvpool_server.flags import parse_flags
     from kvpool_server.router.settings import RouterSettings
 
+    (tmp_path / "token").write_text("mounted")  # where the pod mounts the Secret
+    monkeypatch.setattr(builders, "ADMIN_TOKEN_DIR", str(tmp_path))
     group = parse_group(spec(**workload))
     pod = deployment(BODY, group)["spec"]["template"]["spec"]
     for argv, model in zip(server_argvs(pod), group.models, strict=True):
@@ -355,5 +371,7 @@ def test_every_argv_the_builders_write_is_one_the_server_and_router_accept(workl
         assert settings.served_model_name == model.name
         assert settings.log_json is True
         assert settings.ledger_bytes == group.policy.budget_bytes
+        assert settings.admin_port != settings.port
+        assert settings.admin_token_source().current() == ("mounted" if "adminTokenSecret" in workload else None)
     router = parse_flags(RouterSettings, router_args(group))
     assert set(router.upstreams()) == {m.name for m in group.models}

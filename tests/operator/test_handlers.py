@@ -7,6 +7,7 @@ chart's ClusterRole."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -72,6 +73,7 @@ def operator(cluster: Cluster, admin: k8s.ApiClient, monkeypatch: pytest.MonkeyP
     with kopf.testing.KopfRunner(OPERATOR) as runner:
         yield
     assert runner.exception is None, runner.output[-3000:]
+    assert ADMIN_TOKEN not in runner.output, "the operator logged the admin token"
 
 
 def group_body(name: str, models: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
@@ -137,13 +139,13 @@ def test_bad_specs_are_refused_with_messages_that_name_the_field(admin: k8s.ApiC
 
 def register(api: k8s.ApiClient, group: str, model: str, server: Server) -> None:
     """What the endpoint-slice controller does for a pod: here the 'pod' is a local server."""
-    port = int(server.url.rsplit(":", 1)[1])
+    port, admin_port = (int(url.rsplit(":", 1)[1]) for url in (server.url, server.admin_url))
     body = {
         "apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice", "addressType": "IPv4",
         "metadata": {"name": f"{group}-{model}-local", "labels": {
             "kubernetes.io/service-name": f"{group}-{model}", f"{GROUP}/group": group, f"{GROUP}/model": model,
             "endpointslice.kubernetes.io/managed-by": "kvpool-tests"}},
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}],
+        "ports": [{"name": "http", "port": port, "protocol": "TCP"}, {"name": "admin", "port": admin_port}],
         "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
     }  # fmt: skip
     k8s.CustomObjectsApi(api).create_namespaced_custom_object("discovery.k8s.io", "v1beta1", NS, "endpointslices", body)
@@ -200,6 +202,8 @@ def test_the_operator_moves_memory_toward_the_loaded_model(
     assert any(m.startswith("a on 127.0.0.1") for m in resized), resized  # ... then the grant
     status = wait_for(lambda: {m["name"]: m for m in get(admin, "g2")["status"]["models"]}, what="status")
     assert status["a"]["limitBytes"] > start
+    assert ADMIN_TOKEN not in json.dumps(get(admin, "g2")), "the resource holds the admin token"
+    assert not [e for e in events(admin, "g2") if ADMIN_TOKEN in (e.message or "")]
     for c in admins.values():
         assert c.get("/kvpool/integrity").json() == {"ok": True}
     from prometheus_client import REGISTRY
@@ -216,7 +220,8 @@ def test_servers_that_do_not_answer_make_the_group_degraded_and_keep_their_limit
     from tests.server.conftest import free_port
 
     for model in "ab":  # endpoints where nothing listens
-        register(admin, "g4", model, Server(f"http://127.0.0.1:{free_port()}", None, Path()))  # type: ignore[arg-type]
+        nowhere = f"http://127.0.0.1:{free_port()}"
+        register(admin, "g4", model, Server(nowhere, None, Path(), nowhere))  # type: ignore[arg-type]
     create(admin, group_body("g4", TWO, rebalance={"intervalSeconds": 1}))
     cond = wait_for(lambda: {c["type"]: c for c in get(admin, "g4").get("status", {}).get("conditions", [])},
                     what="conditions")  # fmt: skip

@@ -53,6 +53,10 @@ def test_quantities(value: Any, expected: int) -> None:
     [
         ({"gpuMemoryBudgetBytes": "lots"}, "spec.gpuMemoryBudgetBytes: 'lots' is not a byte quantity"),
         ({"models": []}, "spec.models: list at least one model"),
+        (
+            {"models": [{"name": f"m{i}", "model": "m", "minBytes": 0, "maxBytes": 1} for i in range(17)]},
+            "spec.models: at most 16 models share one pod, got 17",
+        ),
         ({"models": [{"name": "A_b", "model": "m", "minBytes": 0, "maxBytes": 1}]}, "spec.models[0].name"),
         ({"models": [{"name": "a", "model": "m", "maxBytes": 1}]}, r"spec.models[0].minBytes is required"),
         ({"models": [{"name": "a", "model": "m", "minBytes": 5, "maxBytes": 4}]}, "minBytes (5) must not exceed"),

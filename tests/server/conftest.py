@@ -21,13 +21,14 @@ API_KEY = "sk-test-openai-key"
 
 @dataclass
 class Server:
-    url: str
+    url: str  # the OpenAI port
     proc: subprocess.Popen[bytes]
     log: Path
+    admin_url: str  # the admin port
 
     def admin(self, token: str | None = TOKEN) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+        return httpx.Client(base_url=self.admin_url, headers=headers, timeout=60)
 
 
 def free_port() -> int:
@@ -39,13 +40,14 @@ def free_port() -> int:
 def start_server(model: Path, tmp: Path, *extra: str, limit: str = "256Mi", virtual: str = "1Gi") -> Server:
     token = tmp / "admin-token"
     token.write_text(TOKEN)
-    port = free_port()
+    port, admin_port = free_port(), free_port()
     log = tmp / f"server-{port}.log"
     cmd = [sys.executable, "-m", "kvpool_server", "--model", str(model), "--port", str(port),
+           "--admin-port", str(admin_port),
            "--limit-bytes", limit, "--virtual-bytes", virtual, "--admin-token-file", str(token), *extra]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
-    server = Server(f"http://127.0.0.1:{port}", proc, log)
+    server = Server(f"http://127.0.0.1:{port}", proc, log, f"http://127.0.0.1:{admin_port}")
     wait_ready(proc, server.url, log, timeout_s=240)
     return server
 

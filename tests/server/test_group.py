@@ -49,8 +49,9 @@ def test_serve_flags_make_a_local_group_behind_the_router_port() -> None:
 
     entries = local_group(["--serve", "smol=/models/smol", "--serve", "tiny=tiny", "--port", "7000"])
     assert entries == [
-        {"name": "smol", "args": ["--model", "/models/smol", "--served-model-name", "smol", "--port", "7001"]},
-        {"name": "tiny", "args": ["--served-model-name", "tiny", "--port", "7002"]},  # the embedded model
+        {"name": "smol", "args": ["--model", "/models/smol", "--served-model-name", "smol", "--port", "7001",
+                                    "--admin-port", "7101"]},
+        {"name": "tiny", "args": ["--served-model-name", "tiny", "--port", "7002", "--admin-port", "7102"]},
         {"name": "router", "module": "kvpool_server.router",
          "args": ["--port", "7000", "--upstream=smol=http://127.0.0.1:7001", "--upstream=tiny=http://127.0.0.1:7002"]},
     ]  # fmt: skip

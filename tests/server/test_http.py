@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -211,7 +212,7 @@ def test_64_streams_survive_a_limit_cut_and_restore_without_leaks(server: Server
     async def scenario() -> list[int]:
         client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=300)
         tasks = [asyncio.create_task(stream(client, i)) for i in range(64)]
-        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"},
+        async with httpx.AsyncClient(base_url=server.admin_url, headers={"Authorization": f"Bearer {TOKEN}"},
                                      timeout=60) as admin:  # fmt: skip
             await asyncio.sleep(1.0)
             cut = await admin.put("/kvpool/limit", json={"limit_bytes": 8 * MiB, "revision": next(_revision)})
@@ -233,6 +234,47 @@ def test_openai_routes_keep_vllms_api_key_and_admin_routes_their_own_token(serve
     assert server.admin(API_KEY).get("/kvpool").status_code == 403  # the API key is not the admin token
     assert httpx.get(server.url + "/metrics").status_code == 200  # scrapes need no credentials
     assert httpx.get(server.url + "/livez").json() == {"alive": True}
+
+
+def test_the_openai_port_serves_the_snapshot_alone_and_the_admin_port_no_openai_route(server: Server) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert httpx.get(server.url + "/kvpool", headers=auth).json()["model"] == MODEL  # read-only, for the router
+    body = {"limit_bytes": MiB, "revision": 10**9}
+    for method, path in (("PUT", "/kvpool/limit"), ("POST", "/kvpool/trim"), ("GET", "/kvpool/integrity")):
+        assert httpx.request(method, server.url + path, json=body, headers=auth).status_code == 404, path
+    assert server.admin().get("/kvpool").json()["pending"]["revision"] < 10**9
+    completion = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+    assert httpx.post(server.admin_url + "/v1/completions", json=completion, headers=auth).status_code == 404
+    assert server.admin().get("/openapi.json").json()["info"]["title"] == "kvpool admin"
+
+
+def test_a_rotated_admin_token_takes_effect_without_a_restart(server: Server) -> None:
+    token = server.log.parent / "admin-token"  # the file start_server gave --admin-token-file
+    staged = token.with_name("admin-token.new")
+    try:
+        staged.write_text("rotated-token")
+        os.replace(staged, token)  # as the kubelet swaps a mounted Secret
+        assert server.admin().get("/kvpool").status_code == 403  # the old token no longer opens the door
+        assert server.admin("rotated-token").get("/kvpool").status_code == 200
+    finally:
+        staged.write_text(TOKEN)
+        os.replace(staged, token)
+    assert server.admin().get("/kvpool").status_code == 200
+
+
+def test_secrets_never_reach_the_log_the_snapshot_or_the_metrics(server: Server) -> None:
+    admin = server.admin()
+    admin.put("/kvpool/limit", json={"limit_bytes": 256 * MiB, "revision": next(_revision)})
+    assert server.admin("wrong").get("/kvpool").status_code == 403
+    seen = {
+        "log": server.log.read_text(),
+        "snapshot": admin.get("/kvpool").text,
+        "metrics": httpx.get(server.url + "/metrics").text,
+        "openapi": admin.get("/openapi.json").text,
+    }
+    for where, text in seen.items():
+        for secret in (TOKEN, API_KEY):
+            assert secret not in text, f"{where} holds a secret"
 
 
 def test_requests_carry_ids_and_logs_are_json_lines(server: Server) -> None:

@@ -4,6 +4,7 @@ name, and the environment works as well as flags."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,7 +63,28 @@ def test_environment_and_token_file_are_read(tmp_path: Path, monkeypatch: pytest
     token.write_text("s3cret\n")
     monkeypatch.setenv("KVPOOL_LIMIT_BYTES", "512Mi")
     s = parse_settings(["--admin-token-file", str(token)])
-    assert (s.limit_bytes, s.resolved_admin_token()) == (512 << 20, "s3cret")
+    assert (s.limit_bytes, s.admin_token_source().current()) == (512 << 20, "s3cret")
+
+
+def test_a_rotated_token_file_is_read_again_and_an_emptied_one_keeps_the_last(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first")
+    source = parse_settings(["--admin-token-file", str(token)]).admin_token_source()
+    assert source.current() == "first"
+    # as the kubelet rotates a mounted Secret: a new file renamed over the old one
+    (tmp_path / "new").write_text("second\n")
+    os.replace(tmp_path / "new", token)
+    assert source.current() == "second"
+    token.write_text("")  # half-written: authentication must not switch off
+    assert source.current() == "second"
+    token.unlink()
+    assert source.current() == "second"
+
+
+def test_an_empty_token_file_is_refused_at_start(tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("\n")
+    with pytest.raises(SystemExit, match=r"admin-token-file .* is empty"):
+        parse_settings(["--admin-token-file", str(tmp_path / "token")])
 
 
 def test_vllm_gets_the_connector_and_the_virtual_block_count(tiny_model: Path) -> None:

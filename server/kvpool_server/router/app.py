@@ -45,7 +45,7 @@ class Router:
     def __init__(self, settings: RouterSettings) -> None:
         self.settings = settings
         self.api_key = settings.api_key.get_secret_value() if settings.api_key else None
-        self.admin_token = settings.resolved_admin_token()
+        self.admin_token = settings.admin_token_source()  # re-read when its file changes
         self.registry = CollectorRegistry()
         self.upstreams = Upstreams(settings.upstreams(), self.registry)
         self.forwarder = Forwarder(self.upstreams, RouterMetrics(self.registry), settings.retry_after_s)
@@ -84,10 +84,11 @@ class Router:
         return {"object": "list", "data": list(await asyncio.gather(*map(card, self.upstreams.names())))}
 
     async def snapshots(self, request: Request) -> dict[str, Any]:
-        if not _bearer_ok(request, self.admin_token):  # as a server's admin routes: 401 none, 403 wrong
+        token = self.admin_token.current()
+        if not _bearer_ok(request, token):  # as a server's admin routes: 401 none, 403 wrong
             status = 403 if "authorization" in request.headers else 401
             raise RouterError(status, "a wrong or missing admin token: send 'Authorization: Bearer <token>'")
-        auth = {"authorization": f"Bearer {self.admin_token}"} if self.admin_token else {}
+        auth = {"authorization": f"Bearer {token}"} if token else {}
 
         async def one(name: str) -> Any:
             try:
