@@ -122,6 +122,8 @@ def parse_group(spec: dict[str, Any]) -> GroupSpec:
     if len(set(names)) != len(names):
         raise SpecError(f"spec.models: names must be unique, got {names}")
     reb = spec.get("rebalance") or {}
+    if not isinstance(reb, dict):
+        raise SpecError("spec.rebalance: must be an object (intervalSeconds, hysteresisBytes, maxStepBytes, ...)")
     interval = reb.get("intervalSeconds", 10)
     if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not 1 <= interval <= 3600:
         raise SpecError(f"spec.rebalance.intervalSeconds: {interval!r} must be a number of seconds in 1..3600")

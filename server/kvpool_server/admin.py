@@ -73,6 +73,16 @@ class PoolAdmin:
         return snap
 
 
+# What the routes answer besides 200 and FastAPI's 422, in the OpenAPI schema (the fuzz tests
+# hold every reply to it).
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "a value the pool refuses; the message says which and why"},
+    401: {"description": "no bearer token: send 'Authorization: Bearer <admin token>'"},
+    403: {"description": "a wrong admin token"},
+    503: {"description": "the engine does not answer"},
+}
+
+
 def _authorize(admin: PoolAdmin) -> Callable[..., Awaitable[None]]:
     async def check(authorization: Annotated[str | None, Header()] = None) -> None:
         token = admin.token.current()
@@ -92,7 +102,7 @@ def _authorize(admin: PoolAdmin) -> Callable[..., Awaitable[None]]:
 
 def snapshot_router(admin: PoolAdmin) -> APIRouter:
     """``GET /kvpool`` alone: what the OpenAI port serves of the admin API."""
-    router = APIRouter(prefix="/kvpool", tags=["kvpool"], dependencies=[Depends(_authorize(admin))])
+    router = APIRouter(prefix="/kvpool", tags=["kvpool"], dependencies=[Depends(_authorize(admin))], responses=ERRORS)
 
     @router.get("", summary="The pool's snapshot")
     async def get_snapshot() -> dict[str, Any]:
@@ -103,7 +113,7 @@ def snapshot_router(admin: PoolAdmin) -> APIRouter:
 
 def control_router(admin: PoolAdmin) -> APIRouter:
     """The routes that change the pool or cost the engine a pass: the admin port's alone."""
-    router = APIRouter(prefix="/kvpool", tags=["kvpool"], dependencies=[Depends(_authorize(admin))])
+    router = APIRouter(prefix="/kvpool", tags=["kvpool"], dependencies=[Depends(_authorize(admin))], responses=ERRORS)
 
     @router.put("/limit", summary="Set the physical KV limit")
     async def put_limit(body: LimitRequest, request: Request) -> dict[str, Any]:
