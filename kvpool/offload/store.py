@@ -11,8 +11,9 @@ pool and where it goes inside the chunk::
     pool (uniform, 1 region): [b0 all layers][b1 ...]  --->  [ whole block ]  (one copy)
 
 The file lives in ``directory`` (``/dev/shm`` by default, so in Kubernetes the pod needs a
-memory-backed ``emptyDir`` at least as large as the tier). It is sized once with ``ftruncate``:
-the tier can never grow past its capacity, and pages are only committed as chunks are written.
+memory-backed ``emptyDir`` at least as large as the tier). It is sized and its memory reserved once,
+at start, with ``posix_fallocate``: a directory too small for the tier is a clear error then, where
+a sparse file would have died of SIGBUS mid-request on the first write past the tmpfs's room.
 A file (rather than anonymous memory) keeps the tier observable from outside the worker process:
 its size shows in ``df /dev/shm``, and tests can inspect or corrupt a stored block.
 """
@@ -20,8 +21,10 @@ its size shows in ``df /dev/shm``, and tests can inspect or corrupt a stored blo
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,9 +69,9 @@ class HostBlockStore:
         size = num_chunks * chunk_bytes
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            os.ftruncate(fd, size)
+            _reserve(fd, path, size)
             self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except OSError:
+        except (OSError, ConfigError):
             path.unlink(missing_ok=True)
             raise
         finally:
@@ -95,6 +98,19 @@ class HostBlockStore:
         with contextlib.suppress(BufferError):  # a view is still alive somewhere; the file goes anyway
             self._map.close()
         self.path.unlink(missing_ok=True)
+
+
+def _reserve(fd: int, path: Path, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EFBIG):
+            raise
+        free = shutil.disk_usage(path.parent).free
+        raise ConfigError(
+            f"the CPU tier needs {size} bytes in {path.parent} but only {free} are free: lower --offload-bytes "
+            "or give --offload-dir more room (in Kubernetes: the pod's /dev/shm emptyDir sizeLimit)"
+        ) from e
 
 
 def copy_blocks(

@@ -153,3 +153,13 @@ def test_eager_mode_is_the_cpus_default_and_cuda_graphs_the_gpus(flags: list[str
     """No default that costs against stock vLLM: on a GPU vLLM captures CUDA graphs unless told not to."""
     s = parse_settings(flags)
     assert s.eager is eager
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+def test_a_tier_larger_than_its_directory_stops_the_start_naming_the_flags(tmp_path: Path) -> None:
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(tmp_path)], check=True)
+    try:
+        with pytest.raises(SystemExit, match=r"offload-bytes: the CPU tier needs 67108864 bytes in offload-dir"):
+            parse_settings(["--offload-bytes", "64Mi", "--offload-dir", str(tmp_path)])
+    finally:
+        subprocess.run(["umount", str(tmp_path)], check=True)

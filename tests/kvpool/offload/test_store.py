@@ -39,12 +39,11 @@ def test_blocks_round_trip_through_the_store(tmp_path: Path, pieces: int) -> Non
     store.close()
 
 
-def test_the_store_is_a_fixed_size_file_that_leaves_with_it(tmp_path: Path) -> None:
+def test_the_store_is_a_fixed_size_file_reserved_at_start_that_leaves_with_it(tmp_path: Path) -> None:
     store = HostBlockStore(tmp_path / "tier", num_chunks=16, chunk_bytes=4096)
     assert os.stat(store.path).st_size == store.capacity_bytes == 16 * 4096
-    assert os.stat(store.path).st_blocks == 0  # sparse: memory is committed as chunks are written
+    assert os.stat(store.path).st_blocks * 512 >= store.capacity_bytes  # reserved: no write can find it full
     store.tensor[3].fill_(7)
-    assert 0 < os.stat(store.path).st_blocks * 512 <= store.capacity_bytes
     assert (tmp_path / "tier").read_bytes()[3 * 4096] == 7  # visible from outside the process
     with pytest.raises(IndexError):
         store.tensor[16]
@@ -69,3 +68,20 @@ def test_mismatched_block_and_chunk_lists_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="2 blocks but 1 chunks"):
         copy_blocks(regions, store.tensor, [0, 1], [0], to_store=True)
     store.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+def test_a_directory_too_small_for_the_tier_is_a_clear_error_at_start(tmp_path: Path) -> None:
+    """As a pod's /dev/shm sized below its tier: refused at start, naming the flags, no file left
+    (a sparse file would have died of SIGBUS on the first write past the room)."""
+    import subprocess
+
+    small = tmp_path / "shm"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    try:
+        with pytest.raises(ConfigError, match=r"needs 4194304 bytes in .* --offload-bytes .* --offload-dir"):
+            HostBlockStore(small / "tier", num_chunks=64, chunk_bytes=64 << 10)
+        assert list(small.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
