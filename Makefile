@@ -28,7 +28,7 @@ STAMP := $(VENV)/.kvpool-locks-$(LOCK_HASH)
 PIP := $(PY) -m pip install --disable-pip-version-check --no-deps -q
 QUIET := 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2)
 
-.PHONY: help install model k8s-tools images cluster serve serve-group demo test test-fast test-gpu lint chart dashboard-picture image format bench bench-colocation bench-profile lock-hash clean
+.PHONY: help install model k8s-tools images cluster serve serve-group demo test test-fast test-gpu lint chart dashboard-picture image format bench bench-colocation bench-profile soak lock-hash clean
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -113,6 +113,9 @@ bench: install ## CPU benchmarks side by side; ratios printed, JSON in results/ 
 	$(PY) -m bench.bench_offload
 	$(PY) -m bench.bench_operator
 	$(PY) -m bench.bench_router
+
+soak: install ## 256 streams over two models for 10 minutes, limits swapped every 3 s, the CPU tier on: every token, no leak, RSS -> results/soak.json (ARGS="--minutes 2")
+	$(PY) -m bench.soak $(ARGS)
 
 bench-profile: install ## where stock vLLM's server and ours spend CPU under load (py-spy, every process) -> results/
 	$(PY) -m bench.profile_server $(ARGS)

@@ -132,7 +132,9 @@ class Balancer:
             self.sleep(0.1)
             try:
                 snap = self.client.snapshot(ep)
-            except PoolUnreachable:
+            except PoolUnreachable as e:  # it died draining: what it held is not known to be free
+                out.problems.append(str(e))
+                status = "failed"
                 break
             status = snap.status if snap.revision == revision else "stale"
             out.snapshots[ep.model] = snap

@@ -1,7 +1,9 @@
 """One rebalancing round through the operator's seam (``AdminAPI``), with a fake client over two
 real standalone pools: the shrink first, the grant only from memory the shrink released, a
 deferred shrink that never finishes holds the grant back, a server that does not answer keeps
-its limit -- and the pools' own integrity checks pass throughout. The e2e tests run the same
+its limit, a server that dies while its shrink drains gets no grant issued against its memory, an
+operator killed between shrink and grant restarts into a round that completes within the budget
+-- and the pools' own integrity checks pass throughout. The e2e tests run the same
 round against real servers through Kubernetes."""
 
 from __future__ import annotations
@@ -175,3 +177,59 @@ def test_the_policy_is_chosen_by_the_spec_and_its_memory_carries_to_the_next_rou
     assert demand.memory.models["a"].working_set > 0
     moved = Balancer(admin, wait_s=2, clock=Clock(), sleep=lambda _: None).round(proportional, POD, EPS, {}, {})
     assert [z.model for z in moved.resizes] == ["b", "a"]  # utilisation alone moves it
+
+
+class Killed(Exception):
+    """The operator's process dies here (SIGKILL: nothing after it runs)."""
+
+
+def held(pools: dict[str, KVPool]) -> int:
+    """What the pools may hold physically: each its limit, or more while a shrink drains."""
+    return sum(max(s.limit_bytes, s.physical_bytes) for s in (p.snapshot() for p in pools.values()))
+
+
+def test_a_server_killed_while_its_shrink_drains_gets_no_grant_issued_against_it(pools: dict[str, KVPool]) -> None:
+    fill(pools["a"])
+    fragment(pools["b"])  # b drains slowly: its pages stay mapped
+    admin = FakeAdmin(pools, BUSY)
+    before = pools["b"].snapshot().physical_bytes
+    clock = Clock(on_sleep=lambda n: admin.down.add("b") if n == 2 else None)  # b dies mid-wait
+    r = Balancer(admin, wait_s=5, clock=clock, sleep=clock.sleep).round(group(), POD, EPS, {}, {}, A_WAS_SHORT)
+    assert (r.resizes[0].model, r.resizes[0].status) == ("b", "failed")
+    assert clock.sleeps == 2  # it stopped waiting when b stopped answering
+    assert not r.balanced
+    assert any("grants wait" in p for p in r.problems)
+    # whatever a was granted came from free budget, none from b's unreleased memory
+    assert pools["a"].snapshot().limit_bytes + before <= 32 * MiB
+
+
+def test_an_operator_killed_between_shrink_and_grant_restarts_into_a_round_that_completes(
+    pools: dict[str, KVPool],
+) -> None:
+    fill(pools["a"])
+    held_b = fragment(pools["b"])
+    admin = FakeAdmin(pools, BUSY)
+    budget = 32 * MiB
+    checks: list[int] = []
+
+    def die(_: int) -> None:
+        checks.append(held(pools))
+        raise Killed  # mid-wait: the shrink was sent, the grant never
+
+    clock = Clock(on_sleep=die)
+    with pytest.raises(Killed):
+        Balancer(admin, wait_s=5, clock=clock, sleep=clock.sleep).round(group(), POD, EPS, {}, {}, A_WAS_SHORT)
+    assert [c[1] for c in admin.calls] == ["b"]  # the shrink, no grant
+    revision = pools["b"].snapshot().pending.revision
+    pools["b"].free(held_b)  # b's requests finish while the operator is down: its shrink applies
+    pools["b"].maintain()
+    checks.append(held(pools))
+    # the restarted operator: no memory of the round, a clock an hour behind
+    restart = Clock(on_sleep=lambda _: checks.append(held(pools)))
+    restart.t -= 3600
+    r = Balancer(admin, wait_s=5, clock=restart, sleep=restart.sleep).round(group(), POD, EPS, {}, {}, A_WAS_SHORT)
+    checks.append(held(pools))
+    assert all(z.status == "applied" for z in r.resizes), r.resizes
+    assert any(z.model == "a" for z in r.resizes)  # the grant the killed round never made
+    assert pools["b"].snapshot().pending.revision >= revision  # monotonic: nothing came back as stale
+    assert max(checks) <= budget, checks  # never more than the budget, at any point seen
