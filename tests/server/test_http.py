@@ -10,6 +10,8 @@ import asyncio
 import itertools
 import json
 import os
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -275,6 +277,46 @@ def test_secrets_never_reach_the_log_the_snapshot_or_the_metrics(server: Server)
     for where, text in seen.items():
         for secret in (TOKEN, API_KEY):
             assert secret not in text, f"{where} holds a secret"
+
+
+def _used_blocks_reach_zero(server: Server, timeout_s: float = 60) -> float:
+    """Seconds until no block is in use (the request's blocks are back)."""
+    t0 = time.monotonic()
+    while server.admin().get("/kvpool").json()["used_blocks"]:
+        assert time.monotonic() - t0 < timeout_s, "blocks still in use"
+        time.sleep(0.1)
+    return time.monotonic() - t0
+
+
+def test_a_client_gone_mid_stream_frees_its_blocks(server: Server) -> None:
+    body = {"model": MODEL, "prompt": [list(range(10, 600))], "max_tokens": 1500, "stream": True, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, headers=headers, timeout=60) as r:
+        lines = r.iter_lines()
+        for _ in range(3):
+            next(lines)
+        assert server.admin().get("/kvpool").json()["used_blocks"] > 0  # mid-stream: it holds blocks
+    # the connection is closed here, 1,497 tokens early
+    print(f"blocks back {_used_blocks_reach_zero(server):.2f} s after the client left")
+    assert server.admin().get("/kvpool/integrity").json() == {"ok": True}
+
+
+def test_a_client_that_never_reads_its_stream_does_not_hold_blocks(server: Server) -> None:
+    """The engine finishes the request and frees its blocks; the unread reply waits in buffers."""
+    port = int(server.url.rsplit(":", 1)[1])
+    body = json.dumps({"model": MODEL, "prompt": "never read", "max_tokens": 512, "stream": True,
+                       "ignore_eos": True}).encode()  # fmt: skip
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(head + body)
+        t0 = time.monotonic()
+        while not server.admin().get("/kvpool").json()["used_blocks"]:
+            assert time.monotonic() - t0 < 30, "the request never started"
+            time.sleep(0.05)
+        print(f"blocks back {_used_blocks_reach_zero(server):.2f} s later, the reply still unread")
+    assert server.admin().get("/kvpool/integrity").json() == {"ok": True}
+    assert httpx.get(server.url + "/readyz").status_code == 200
 
 
 def test_requests_carry_ids_and_logs_are_json_lines(server: Server) -> None:
