@@ -12,8 +12,9 @@ their admin APIs on PORT+101, ...):
 
 Starts one process per entry (``module``: ``kvpool_server``, the default, or
 ``kvpool_server.router``), forwards SIGTERM/SIGINT to all (each drains its requests), and exits as
-soon as any of them exits -- with its status -- after stopping the others, so Kubernetes restarts
-the pod rather than leaving a group with a model (or its endpoint) missing.
+soon as any of them exits -- with its status, or 1 if it ended on its own with 0 -- after stopping
+the others, so Kubernetes restarts the pod rather than leaving a group with a model (or its
+endpoint) missing.
 """
 
 from __future__ import annotations
@@ -77,13 +78,20 @@ def run(servers: list[dict[str, Any]], poll_s: float = 0.5) -> int:
         for s in servers
     }
 
+    asked = []  # a signal from outside: the group is being stopped, not failing
+
     def forward(signum: int, _frame: Any) -> None:
         for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signum)
+            if p.poll() is not None:
+                continue
+            p.send_signal(signum)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    def stop(signum: int, frame: Any) -> None:
+        asked.append(signum)
+        forward(signum, frame)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     while True:
         for name, p in procs.items():
             if p.poll() is not None:
@@ -91,7 +99,9 @@ def run(servers: list[dict[str, Any]], poll_s: float = 0.5) -> int:
                 forward(signal.SIGTERM, None)
                 for q in procs.values():
                     q.wait()
-                return p.returncode or 0
+                # a server that ends on its own (its engine died, it crashed) fails the pod, whatever
+                # its own exit status: the container ends in Error and Kubernetes restarts it
+                return p.returncode if asked else (p.returncode or 1)
         time.sleep(poll_s)
 
 
