@@ -134,6 +134,8 @@ def report(tally: Tally, args: argparse.Namespace, t0: float, final: dict[str, A
         "integrity_checks": tally.checks, "latency_p50_s": q[49], "latency_p99_s": q[98],
         "rss_warm_start_mib": warm[0] / 2**20, "rss_end_mib": warm[-1] / 2**20,
         "rss_growth": warm[-1] / warm[0] - 1, "used_blocks_after": {n: s["used_blocks"] for n, s in final.items()},
+        "rss_mib_series": [(round(t - t0), round(r / 2**20)) for t, r in tally.rss],
+        "rss_growth_last_half": warm[-1] / warm[len(warm) // 2] - 1,
     }  # fmt: skip
 
 

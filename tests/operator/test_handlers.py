@@ -7,13 +7,17 @@ chart's ClusterRole."""
 
 from __future__ import annotations
 
+import contextlib
+import datetime as dt
 import json
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -212,6 +216,46 @@ def test_the_operator_moves_memory_toward_the_loaded_model(
     assert (REGISTRY.get_sample_value("kvpool_operator_resizes_total", {**labels, "model": "a", "status": "applied"})
             or 0) >= 1  # fmt: skip
     assert REGISTRY.get_sample_value("kvpool_group_budget_bytes", labels) == budget
+
+
+def test_an_api_server_gone_for_a_minute_leaves_limits_and_serving_alone_and_rounds_resume(
+    cluster: Cluster, admin: k8s.ApiClient, operator: None, servers: dict[str, Server]
+) -> None:
+    """The API server frozen (SIGSTOP: requests hang, as behind a partition) for 60 s: the model
+    servers keep serving, their limits stay as they were, and the operator's rounds resume after."""
+    with contextlib.suppress(k8s.ApiException):  # one group at a time over these servers
+        k8s.CustomObjectsApi(admin).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "g2")
+    for model, server in servers.items():
+        register(admin, "g5", model, server)
+    create(admin, group_body("g5", TWO, workload={"adminTokenSecret": "admin-token"},
+                             rebalance={"intervalSeconds": 2}))  # fmt: skip
+    wait_for(lambda: get(admin, "g5").get("status", {}).get("balance"), what="a first round")
+    admins = {m: s.admin() for m, s in servers.items()}
+    limits = {m: c.get("/kvpool").json()["limit_bytes"] for m, c in admins.items()}
+    apiserver = next(p for p in cluster.procs if "kube-apiserver" in str(p.args[0]))
+    apiserver.send_signal(signal.SIGSTOP)
+    served = 0
+    try:
+        until = time.monotonic() + 60
+        while time.monotonic() < until:
+            for server in servers.values():
+                r = httpx.post(server.url + "/v1/completions", timeout=30,
+                               json={"model": "tiny", "prompt": "still here", "max_tokens": 2})  # fmt: skip
+                served += r.status_code == 200
+            assert {m: c.get("/kvpool").json()["limit_bytes"] for m, c in admins.items()} == limits
+            time.sleep(2)
+    finally:
+        apiserver.send_signal(signal.SIGCONT)
+    resumed = dt.datetime.now(dt.UTC).replace(microsecond=0)
+
+    def round_after() -> bool:
+        last = get(admin, "g5")["status"]["balance"]["lastRoundTime"]
+        return dt.datetime.fromisoformat(last.replace("Z", "+00:00")) > resumed
+
+    wait_for(round_after, timeout=120, what="a round after the API server came back")
+    print(f"{served} completions served while the API server was frozen")
+    assert served >= 20
+    assert {m: c.get("/kvpool").json()["limit_bytes"] for m, c in admins.items()} == limits
 
 
 def test_servers_that_do_not_answer_make_the_group_degraded_and_keep_their_limits(
