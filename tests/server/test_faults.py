@@ -33,8 +33,10 @@ def engine_core(server: psutil.Process) -> psutil.Process:
 
 
 def server_of(launcher: subprocess.Popen[bytes], model: str) -> psutil.Process:
-    (proc,) = [c for c in psutil.Process(launcher.pid).children()
-               if "kvpool_server" in c.cmdline() and model in c.cmdline()[c.cmdline().index("--served-model-name") + 1]]  # fmt: skip
+    def serves(argv: list[str]) -> bool:
+        return "kvpool_server" in argv and argv[argv.index("--served-model-name") + 1] == model
+
+    (proc,) = [c for c in psutil.Process(launcher.pid).children() if serves(c.cmdline())]
     return proc
 
 
