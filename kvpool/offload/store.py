@@ -34,10 +34,6 @@ import torch
 from kvpool.errors import ConfigError
 
 
-class StoreDamaged(RuntimeError):
-    """The store's file was cut under it: no chunk can be trusted, and none may be touched."""
-
-
 @dataclass(frozen=True)
 class BlockRegion:
     """One piece of every block: ``tensor[b]`` is block b's piece (``nbytes`` long), stored at
@@ -76,11 +72,10 @@ class HostBlockStore:
             _reserve(fd, path, size)
             self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except (OSError, ConfigError):
-            os.close(fd)
             path.unlink(missing_ok=True)
             raise
-        self._fd = fd  # kept: check() sees the file's size even if its name is gone
-        self._damaged = False
+        finally:
+            os.close(fd)
         flat = torch.frombuffer(self._map, dtype=torch.uint8)
         self.tensor = flat.view(num_chunks, chunk_bytes)
         self._pinned = False
@@ -95,15 +90,6 @@ class HostBlockStore:
     def capacity_bytes(self) -> int:
         return self.num_chunks * self.chunk_bytes
 
-    def check(self) -> None:
-        """Raise :class:`StoreDamaged` if the file was ever cut below its size (someone truncated
-        it): a copy into the cut part would die of SIGBUS, and chunks stored before the cut came
-        back as zeros. Once damaged, always damaged: the caller treats every chunk as lost."""
-        if not self._damaged and os.fstat(self._fd).st_size < self.capacity_bytes:
-            self._damaged = True
-        if self._damaged:
-            raise StoreDamaged(f"the CPU tier's file {self.path} was truncated: its chunks are lost")
-
     def close(self) -> None:
         if self._pinned:
             torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())  # type: ignore[no-untyped-call]
@@ -111,7 +97,6 @@ class HostBlockStore:
         del self.tensor
         with contextlib.suppress(BufferError):  # a view is still alive somewhere; the file goes anyway
             self._map.close()
-        os.close(self._fd)
         self.path.unlink(missing_ok=True)
 
 

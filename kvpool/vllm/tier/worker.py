@@ -10,8 +10,7 @@ Failure rule: vLLM's offloading worker asserts that every transfer succeeds, so 
 reported as finished and remembered here instead. A chunk whose store failed is *poisoned*; a
 load from it copies nothing and reports the destination blocks through
 ``get_block_ids_with_load_errors``, so vLLM recomputes them (``kv_load_failure_policy=recompute``)
--- a block is never served corrupt, and neither tier is left inconsistent. A store whose file was
-truncated under it (:meth:`HostBlockStore.check`) fails every job from then on, the same way.
+-- a block is never served corrupt, and neither tier is left inconsistent.
 """
 
 from __future__ import annotations
@@ -85,7 +84,6 @@ class TierWorker(OffloadingWorker):
         start = time.perf_counter()
         moved = 0
         try:
-            self.store.check()  # a truncated file: fail the job (recompute) rather than fault on it
             if not to_store and self._poisoned.intersection(chunks):
                 raise _PoisonedChunk(f"chunks {sorted(self._poisoned.intersection(chunks))} hold a failed store")
             moved = self._copy(blocks, chunks, to_store)

@@ -93,23 +93,3 @@ def test_files_of_workers_that_are_gone_are_reaped_and_live_ones_kept(tmp_path: 
         f.write_bytes(b"x")
     assert reap_stale(tmp_path) == [dead]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
-
-
-def test_a_store_file_truncated_under_the_worker_fails_every_job_instead_of_faulting(tmp_path: Path) -> None:
-    """Cut from outside (a root shell in the pod): a copy into the cut part would die of SIGBUS,
-    and what was stored before came back as zeros -- so every later load is recomputed and every
-    later store dropped, even once the file has its size again."""
-    import os
-
-    kv = caches(uniform=True)
-    w = worker(tmp_path, kv)
-    w.submit_store(1, gpu(2), CPULoadStoreSpec([1]))
-    os.truncate(tmp_path / "tier", 0)
-    w.submit_store(2, gpu(3), CPULoadStoreSpec([0]))  # into the cut part: no fault
-    os.truncate(tmp_path / "tier", w.store.capacity_bytes)  # its size back, its contents zeros
-    before = block(kv, 5).clone()
-    w.submit_load(3, CPULoadStoreSpec([1]), gpu(5))
-    assert torch.equal(block(kv, 5), before)  # nothing loaded from a damaged store
-    assert w.take_load_errors() == {5}
-    assert all(r.success for r in w.get_finished())
-    w.shutdown()
