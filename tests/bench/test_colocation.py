@@ -56,11 +56,12 @@ def test_only_the_free_for_all_gets_the_whole_budget_and_the_ledger() -> None:
     from pathlib import Path
 
     for cfg in configs(["static", "free", "demand"]):
-        cmd = server_cmd(setup, cfg, "a", 8000, 2, Path("/tmp/x"))
+        cmd = server_cmd(setup, cfg, "a", (8000, 8100), 2, Path("/tmp/x"))
         limit = int(cmd[cmd.index("--limit-bytes") + 1])
         assert limit == (16 * MiB if cfg.policy == "free" else 8 * MiB)
         assert ("--ledger-bytes" in cmd) == (cfg.policy == "free")
         assert ("--offload-bytes" in cmd) == cfg.tier
+        assert cmd[cmd.index("--admin-port") + 1] == "8100"  # the Balancer's endpoint, apart from the traffic's
     assert Config("demand", True).name == "demand+tier"
 
 
