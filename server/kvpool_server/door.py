@@ -36,13 +36,14 @@ class _QuietServer(uvicorn.Server):
 async def serving(app: Any, sock: socket.socket, log_level: str = "warning") -> AsyncIterator[None]:
     """Serve ``app`` on ``sock`` while the block runs; closed with it (the operator retries a
     resize that the shutdown cut: its revision makes the retry safe)."""
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off")
+    # an admin call still open at shutdown (a long integrity check) is cut after 5 s, not waited on
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off", timeout_graceful_shutdown=5)
     server = _QuietServer(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         yield
     finally:
         server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=5)
+        with contextlib.suppress(asyncio.CancelledError, TimeoutError):
+            await asyncio.wait_for(task, timeout=10)
         sock.close()
