@@ -16,6 +16,13 @@ at start, with ``posix_fallocate``: a directory too small for the tier is a clea
 a sparse file would have died of SIGBUS mid-request on the first write past the tmpfs's room.
 A file (rather than anonymous memory) keeps the tier observable from outside the worker process:
 its size shows in ``df /dev/shm``, and tests can inspect or corrupt a stored block.
+
+Someone may cut the file under the worker (a root shell in the pod: ``truncate``). A copy into the
+cut part would die of SIGBUS, and what was stored before reads back as zeros. So the store keeps
+its fd and the worker asks :meth:`HostBlockStore.restore_if_cut` before every copy (one ``fstat``):
+a cut file gets its size and memory back at once (later copies cannot fault) and the caller is
+told that every chunk's contents are gone. A cut *between* that check and the copy still faults:
+the window is one copy long. Deleting the file changes nothing (the mapping keeps the memory).
 """
 
 from __future__ import annotations
@@ -32,6 +39,10 @@ from pathlib import Path
 import torch
 
 from kvpool.errors import ConfigError
+
+
+class StoreDamaged(RuntimeError):
+    """The store's file was cut and its size could not be restored: no chunk may be touched."""
 
 
 @dataclass(frozen=True)
@@ -72,10 +83,11 @@ class HostBlockStore:
             _reserve(fd, path, size)
             self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except (OSError, ConfigError):
+            os.close(fd)
             path.unlink(missing_ok=True)
             raise
-        finally:
-            os.close(fd)
+        self._fd = fd  # kept: restore_if_cut() sees the file's size even once its name is gone
+        self._broken = False
         flat = torch.frombuffer(self._map, dtype=torch.uint8)
         self.tensor = flat.view(num_chunks, chunk_bytes)
         self._pinned = False
@@ -90,6 +102,22 @@ class HostBlockStore:
     def capacity_bytes(self) -> int:
         return self.num_chunks * self.chunk_bytes
 
+    def restore_if_cut(self) -> bool:
+        """True if the file was cut below its size since the last call: its size and memory are
+        restored (the cut part reads as zeros), and every chunk's contents must be treated as lost.
+        Raises :class:`StoreDamaged` if the room to restore it is gone (then and for ever after)."""
+        if self._broken:
+            raise StoreDamaged(f"the CPU tier's file {self.path} was cut and could not be restored")
+        if os.fstat(self._fd).st_size >= self.capacity_bytes:
+            return False
+        try:
+            os.ftruncate(self._fd, self.capacity_bytes)
+            _reserve(self._fd, self.path, self.capacity_bytes)
+        except (OSError, ConfigError) as e:
+            self._broken = True
+            raise StoreDamaged(f"the CPU tier's file {self.path} was cut and could not be restored: {e}") from e
+        return True
+
     def close(self) -> None:
         if self._pinned:
             torch.cuda.cudart().cudaHostUnregister(self.tensor.data_ptr())  # type: ignore[no-untyped-call]
@@ -97,6 +125,7 @@ class HostBlockStore:
         del self.tensor
         with contextlib.suppress(BufferError):  # a view is still alive somewhere; the file goes anyway
             self._map.close()
+        os.close(self._fd)
         self.path.unlink(missing_ok=True)
 
 

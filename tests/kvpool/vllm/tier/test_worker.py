@@ -93,3 +93,26 @@ def test_files_of_workers_that_are_gone_are_reaped_and_live_ones_kept(tmp_path: 
         f.write_bytes(b"x")
     assert reap_stale(tmp_path) == [dead]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
+
+
+def test_a_store_file_cut_under_the_worker_loses_every_chunk_but_never_faults_or_serves_zeros(tmp_path: Path) -> None:
+    """Truncated from outside (a root shell in the pod): the worker restores the file's size before
+    its next copy, so nothing faults; every chunk stored before is poisoned (its bytes are zeros
+    now) and loads from it are reported for recomputation; new stores heal their chunks."""
+    import os
+
+    kv = caches(uniform=True)
+    w = worker(tmp_path, kv)
+    w.submit_store(1, gpu(2), CPULoadStoreSpec([1]))
+    w.submit_store(2, gpu(3), CPULoadStoreSpec([2]))
+    os.truncate(tmp_path / "tier", 0)
+    w.submit_store(3, gpu(4), CPULoadStoreSpec([0]))  # into the cut part: no fault
+    before = block(kv, 5).clone()
+    w.submit_load(4, CPULoadStoreSpec([1, 2]), gpu(5, 6))
+    assert torch.equal(block(kv, 5), before)  # nothing loaded from a lost chunk
+    assert w.take_load_errors() == {5, 6}
+    w.submit_load(5, CPULoadStoreSpec([0]), gpu(7))  # stored after the cut: good
+    assert torch.equal(block(kv, 7), block(kv, 4))
+    assert w.take_load_errors() == set()
+    assert all(r.success for r in w.get_finished())  # vLLM's offloading worker asserts success
+    w.shutdown()
