@@ -23,16 +23,24 @@ its fd and the worker asks :meth:`HostBlockStore.restore_if_cut` before every co
 a cut file gets its size and memory back at once (later copies cannot fault) and the caller is
 told that every chunk's contents are gone. A cut *between* that check and the copy still faults:
 the window is one copy long. Deleting the file changes nothing (the mapping keeps the memory).
+
+A killed worker cannot remove its file, and in a pod the memory-backed ``/dev/shm`` outlives a
+container restart. The live store holds an exclusive ``flock`` on its file for its whole life, so
+:func:`reap_stale` removes exactly the files nobody holds. (Not the owner's pid in the name: a
+restarted container starts its processes with the same pids, so a dead owner's pid is often alive
+again -- it may even be the new worker's own, whose file name then collides.) Creating and reaping
+hold the directory's lock, so no file is reaped between its creation and its owner's lock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import mmap
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +86,9 @@ class HostBlockStore:
             raise ConfigError(f"the CPU tier needs at least one chunk ({num_chunks} x {chunk_bytes} bytes)")
         self.path, self.num_chunks, self.chunk_bytes = path, num_chunks, chunk_bytes
         size = num_chunks * chunk_bytes
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        with _directory_lock(path.parent):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # "alive" for reap_stale, until the fd closes
         try:
             _reserve(fd, path, size)
             self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
@@ -127,6 +137,47 @@ class HostBlockStore:
             self._map.close()
         os.close(self._fd)
         self.path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _directory_lock(directory: Path) -> Iterator[None]:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+TIER_FILES = "kvpool-tier-*"  #: the names of the CPU tier's store files (the worker names them)
+
+
+def _held(path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return True  # gone already: nothing to reap
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # releases a lock it took
+    return False
+
+
+def stale_files(directory: Path, pattern: str = TIER_FILES) -> list[Path]:
+    """The files matching ``pattern`` in ``directory`` whose store is gone (nobody holds their lock)."""
+    return [path for path in sorted(directory.glob(pattern)) if not _held(path)]
+
+
+def reap_stale(directory: Path, pattern: str = TIER_FILES) -> list[Path]:
+    """Remove :func:`stale_files`; a live store's file is kept. Returns what was removed."""
+    with _directory_lock(directory):
+        stale = stale_files(directory, pattern)
+        for path in stale:
+            path.unlink(missing_ok=True)
+    return stale
 
 
 def _reserve(fd: int, path: Path, size: int) -> None:

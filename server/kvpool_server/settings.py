@@ -82,11 +82,19 @@ class ServerSettings(AdminTokenOptions):
             raise ValueError(f"limit-bytes ({self.limit_bytes}) must not exceed virtual-bytes ({self.virtual_bytes})")
         if self.offload_bytes and not self.offload_dir.is_dir():
             raise ValueError(f"offload-dir {self.offload_dir} is not a directory (the CPU tier's file goes there)")
-        # each worker reserves its tier at start: a directory too small is said now, before the engine loads
+        # each worker reserves its tier at start: a directory too small is said now, before the engine loads.
+        # Files of dead workers count as room: each worker removes them before it reserves (in a pod,
+        # /dev/shm outlives a container restart, with the killed container's tier in it)
         need = self.offload_bytes * self.tensor_parallel_size
-        if need and need > (free := shutil.disk_usage(self.offload_dir).free):
-            raise ValueError(f"offload-bytes: the CPU tier needs {need} bytes in offload-dir {self.offload_dir}, "
-                             f"which has {free} free: lower it or give the directory more room")  # fmt: skip
+        if need:
+            from kvpool.offload import stale_files  # here: it loads torch, which a server without a tier need not
+
+            free = shutil.disk_usage(self.offload_dir).free + sum(
+                p.stat().st_blocks * 512 for p in stale_files(self.offload_dir)
+            )
+            if need > free:
+                raise ValueError(f"offload-bytes: the CPU tier needs {need} bytes in offload-dir {self.offload_dir}, "
+                                 f"which has {free} free: lower it or give the directory more room")  # fmt: skip
         return self
 
     @property

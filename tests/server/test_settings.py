@@ -163,3 +163,26 @@ def test_a_tier_larger_than_its_directory_stops_the_start_naming_the_flags(tmp_p
             parse_settings(["--offload-bytes", "64Mi", "--offload-dir", str(tmp_path)])
     finally:
         subprocess.run(["umount", str(tmp_path)], check=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a small tmpfs (root)")
+def test_a_dead_workers_tier_file_counts_as_room_and_a_live_ones_does_not(tmp_path: Path) -> None:
+    """A pod's /dev/shm outlives a container restart: the killed container's tier file is still in
+    it, and the restarted server must start (its worker removes the file before reserving)."""
+    from kvpool.offload import HostBlockStore
+
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(tmp_path)], check=True)
+    try:
+        dead = tmp_path / "kvpool-tier-m-7-r0"  # nobody holds it: its worker was killed
+        with dead.open("wb") as f:
+            os.posix_fallocate(f.fileno(), 0, 768 << 10)
+        parse_settings(["--offload-bytes", "512Ki", "--offload-dir", str(tmp_path)])
+        dead.unlink()
+        live = HostBlockStore(tmp_path / "kvpool-tier-m-8-r0", num_chunks=12, chunk_bytes=64 << 10)
+        try:
+            with pytest.raises(SystemExit, match=r"offload-bytes: the CPU tier needs 524288 bytes"):
+                parse_settings(["--offload-bytes", "512Ki", "--offload-dir", str(tmp_path)])
+        finally:
+            live.close()
+    finally:
+        subprocess.run(["umount", str(tmp_path)], check=True)

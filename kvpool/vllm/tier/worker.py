@@ -34,7 +34,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
 
 from kvpool.errors import ConfigError
-from kvpool.offload import BlockRegion, HostBlockStore, StoreDamaged, copy_blocks
+from kvpool.offload import BlockRegion, HostBlockStore, StoreDamaged, copy_blocks, reap_stale
 from kvpool.offload.store import chunk_layout
 from kvpool.vllm.engine.settings import ConnectorSettings
 
@@ -167,21 +167,6 @@ class KVPoolOffloadingSpec(CPUOffloadingSpec):
             log.info("kvpool tier: %d chunks x %d bytes in %s (%d pieces per block)",
                      self.num_chunks, chunk_bytes, store.path, len(regions))  # fmt: skip
         return self.tier_worker
-
-
-def reap_stale(directory: Path) -> list[Path]:
-    """Remove tier files whose worker process is gone (a killed worker cannot unlink its own);
-    the pid is part of the name. Returns what was removed."""
-    removed = []
-    for path in directory.glob("kvpool-tier-*-r*"):
-        try:
-            pid = int(path.name.rsplit("-", 2)[-2])
-        except ValueError:
-            continue
-        if not Path(f"/proc/{pid}").exists():
-            path.unlink(missing_ok=True)
-            removed.append(path)
-    return removed
 
 
 def _safe(name: str) -> str:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kvpool import ConfigError
-from kvpool.offload import HostBlockStore, StoreDamaged, copy_blocks
+from kvpool.offload import HostBlockStore, StoreDamaged, copy_blocks, reap_stale
 from kvpool.offload.store import chunk_layout
 
 
@@ -121,3 +121,32 @@ def test_a_cut_file_whose_room_is_gone_is_refused_for_good(tmp_path: Path) -> No
         store.close()
     finally:
         subprocess.run(["umount", str(small)], check=True)
+
+
+def test_files_nobody_holds_are_reaped_and_a_live_stores_is_kept(tmp_path: Path) -> None:
+    """A killed worker cannot remove its file. Whether its owner lives is told by the lock the
+    store holds, not by the pid in the name: a restarted container reuses pids, even the new
+    worker's own."""
+    import sys
+
+    live = HostBlockStore(tmp_path / "kvpool-tier-m-1-r0", num_chunks=2, chunk_bytes=4096)
+    reused = tmp_path / f"kvpool-tier-m-{os.getpid()}-r1"  # a dead owner's pid, alive again
+    reused.write_bytes(b"x")
+    killed = tmp_path / "kvpool-tier-m-2-r0"
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+from pathlib import Path
+from kvpool.offload import HostBlockStore
+s = HostBlockStore(Path({str(killed)!r}), 2, 4096)
+print("held", flush=True)
+time.sleep(600)
+"""], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    assert holder.stdout is not None
+    assert holder.stdout.readline() == "held\n"
+    assert reap_stale(tmp_path) == [reused]  # the other process's store is alive: kept
+    holder.kill()
+    holder.wait()
+    assert reap_stale(tmp_path) == [killed]
+    assert [p.name for p in tmp_path.iterdir()] == [live.path.name]
+    live.close()
+    assert list(tmp_path.iterdir()) == []

@@ -17,7 +17,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec
 
 from kvpool.offload import HostBlockStore
-from kvpool.vllm.tier.worker import TierWorker, block_regions, reap_stale
+from kvpool.vllm.tier.worker import TierWorker, block_regions
 
 BLOCKS, LAYERS, PIECE = 8, 4, 256
 
@@ -78,21 +78,6 @@ def test_a_failed_store_is_never_served_and_its_blocks_are_recomputed(tmp_path: 
     assert w.take_load_errors() == set()
     w.shutdown()
     assert not (tmp_path / "tier").exists()
-
-
-def test_files_of_workers_that_are_gone_are_reaped_and_live_ones_kept(tmp_path: Path) -> None:
-    import os
-    import subprocess
-    import sys
-
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = tmp_path / f"kvpool-tier-m-{int(gone.stdout)}-r0"
-    live = tmp_path / f"kvpool-tier-m-{os.getpid()}-r1"
-    other = tmp_path / "kvpool-tier-unrelated"
-    for f in (dead, live, other):
-        f.write_bytes(b"x")
-    assert reap_stale(tmp_path) == [dead]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
 
 
 def test_a_store_file_cut_under_the_worker_loses_every_chunk_but_never_faults_or_serves_zeros(tmp_path: Path) -> None:
