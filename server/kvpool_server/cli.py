@@ -47,6 +47,7 @@ def vllm_argv(settings: ServerSettings, pool: PoolEngineConfig) -> list[str]:
         "--max-model-len", str(settings.max_model_len),
         "--shutdown-timeout", str(int(settings.grace_period_s)),
         "--enable-request-id-headers",
+        "--middleware", "kvpool_server.guards.RequestGuard",  # inputs vLLM would answer with a 500
         *pool.cli_args(),
     ]  # fmt: skip
     if settings.eager:

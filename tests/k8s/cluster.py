@@ -70,6 +70,20 @@ class Cluster:
     def stop(self) -> None:
         stop_processes(self.procs)
 
+    def apiserver(self) -> subprocess.Popen[bytes]:
+        return next(p for p in self.procs if "kube-apiserver" in str(p.args[0]))  # type: ignore[index]
+
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver (SIGTERM, as a control-plane upgrade does); etcd keeps the state."""
+        stop_processes([self.apiserver()])
+
+    def start_apiserver(self) -> None:
+        """Start kube-apiserver again with the same flags, same port; back when it is ready."""
+        old = self.apiserver()
+        new = subprocess.Popen(old.args, stdout=(self.dir / "apiserver.log").open("ab"), stderr=subprocess.STDOUT)
+        self.procs[self.procs.index(old)] = new
+        wait_apiserver(self)
+
 
 def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
     """Last started, first stopped: SIGTERM, then SIGKILL after 20 s."""
@@ -110,6 +124,12 @@ def start_cluster(d: Path, address: str = "127.0.0.1", *, node: bool = False) ->
         *(["--kubelet-preferred-address-types=InternalIP"] if node else
           ["--disable-admission-plugins=ServiceAccount"]),
     ], stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+    wait_apiserver(cluster)
+    return cluster
+
+
+def wait_apiserver(cluster: Cluster) -> None:
+    d = cluster.dir
     tls = ssl.create_default_context(cafile=str(d / "ca.crt"))
     tls.load_cert_chain(str(d / "admin.crt"), str(d / "admin.key"))
     client = httpx.Client(verify=tls, timeout=5)
@@ -117,7 +137,7 @@ def start_cluster(d: Path, address: str = "127.0.0.1", *, node: bool = False) ->
     while time.monotonic() < deadline:
         try:
             if client.get(cluster.url + "/readyz").text == "ok":
-                return cluster
+                return
         except httpx.HTTPError:
             pass
         if any(p.poll() is not None for p in cluster.procs):

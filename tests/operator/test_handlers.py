@@ -13,98 +13,21 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-from kvpool_operator.crd import GROUP, PLURAL, VERSION, build_crd
+from kvpool_operator.crd import GROUP, PLURAL, VERSION
 from kvpool_operator.rbac import cluster_role
 
 from tests.k8s.cluster import TOKEN, TOKEN_USER, Cluster
+from tests.operator.kube import NS, OPERATOR, TWO, MiB, create, events, get, group_body, register, wait_for
 from tests.server.conftest import TOKEN as ADMIN_TOKEN
-from tests.server.conftest import Server, flood, start_server, stop_server
+from tests.server.conftest import Server, flood
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-MiB = 1 << 20
-NS = "kvtest"
-OPERATOR = ["run", "--standalone", "--namespace", NS, "-m", "kvpool_operator.handlers", "--verbose"]
-
-
-def wait_for(check: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-        except k8s.ApiException as e:
-            if e.status != 404:
-                raise
-            value = None
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture(scope="module")
-def admin(cluster: Cluster) -> k8s.ApiClient:
-    api = k8s_config.new_client_from_config(config_file=str(cluster.kubeconfig()))
-    ext = k8s.ApiextensionsV1Api(api)
-    try:
-        ext.create_custom_resource_definition(build_crd())
-    except k8s.ApiException as e:  # the chart's install test put the same CRD (a test keeps them equal)
-        if e.status != 409:
-            raise
-    wait_for(lambda: any(c.type == "Established" and c.status == "True"
-                         for c in ext.read_custom_resource_definition(f"{PLURAL}.{GROUP}").status.conditions or []),
-             what="the CRD")  # fmt: skip
-    k8s.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
-    k8s.CoreV1Api(api).create_namespaced_secret(
-        NS, {"metadata": {"name": "admin-token"}, "stringData": {"token": ADMIN_TOKEN}}
-    )
-    return api
-
-
-@pytest.fixture
-def operator(cluster: Cluster, admin: k8s.ApiClient, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    import kopf.testing
-
-    monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig()))
-    with kopf.testing.KopfRunner(OPERATOR) as runner:
-        yield
-    assert runner.exception is None, runner.output[-3000:]
-    assert ADMIN_TOKEN not in runner.output, "the operator logged the admin token"
-
-
-def group_body(name: str, models: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}", "kind": "ColocatedModels", "metadata": {"name": name},
-        "spec": {"gpuMemoryBudgetBytes": "256Mi", "models": models, **spec},
-    }  # fmt: skip
-
-
-def create(api: k8s.ApiClient, body: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = k8s.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
-    return out
-
-
-def get(api: k8s.ApiClient, name: str) -> dict[str, Any]:
-    out: dict[str, Any] = k8s.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
-    return out
-
-
-def events(api: k8s.ApiClient, name: str) -> list[Any]:
-    return [e for e in k8s.CoreV1Api(api).list_namespaced_event(NS).items if e.involved_object.name == name]
-
-
-TWO = [
-    {"name": "a", "model": "/models/a", "minBytes": "32Mi", "maxBytes": "224Mi"},
-    {"name": "b", "model": "/models/b", "minBytes": "32Mi", "maxBytes": "224Mi"},
-]
 
 
 def test_a_group_gets_its_workload_owned_by_it(admin: k8s.ApiClient, operator: None) -> None:
@@ -139,30 +62,6 @@ def test_bad_specs_are_refused_with_messages_that_name_the_field(admin: k8s.ApiC
     assert any(e.reason == "InvalidSpec" for e in events(admin, "bad2"))
     with pytest.raises(k8s.ApiException):
         k8s.AppsV1Api(admin).read_namespaced_deployment("bad2", NS)  # ... but nothing was built
-
-
-def register(api: k8s.ApiClient, group: str, model: str, server: Server) -> None:
-    """What the endpoint-slice controller does for a pod: here the 'pod' is a local server."""
-    port, admin_port = (int(url.rsplit(":", 1)[1]) for url in (server.url, server.admin_url))
-    body = {
-        "apiVersion": "discovery.k8s.io/v1beta1", "kind": "EndpointSlice", "addressType": "IPv4",
-        "metadata": {"name": f"{group}-{model}-local", "labels": {
-            "kubernetes.io/service-name": f"{group}-{model}", f"{GROUP}/group": group, f"{GROUP}/model": model,
-            "endpointslice.kubernetes.io/managed-by": "kvpool-tests"}},
-        "ports": [{"name": "http", "port": port, "protocol": "TCP"}, {"name": "admin", "port": admin_port}],
-        "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}],
-    }  # fmt: skip
-    k8s.CustomObjectsApi(api).create_namespaced_custom_object("discovery.k8s.io", "v1beta1", NS, "endpointslices", body)
-
-
-@pytest.fixture(scope="module")
-def servers(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Server]]:
-    out = {
-        m: start_server(tiny_model, tmp_path_factory.mktemp(f"srv-{m}"), limit="128Mi", virtual="512Mi") for m in "ab"
-    }
-    yield out
-    for s in out.values():
-        stop_server(s)
 
 
 def test_the_operator_moves_memory_toward_the_loaded_model(
@@ -218,22 +117,29 @@ def test_the_operator_moves_memory_toward_the_loaded_model(
     assert REGISTRY.get_sample_value("kvpool_group_budget_bytes", labels) == budget
 
 
+@pytest.mark.parametrize("outage", ["frozen", "restarted"])
 def test_an_api_server_gone_for_a_minute_leaves_limits_and_serving_alone_and_rounds_resume(
-    cluster: Cluster, admin: k8s.ApiClient, operator: None, servers: dict[str, Server]
+    cluster: Cluster, admin: k8s.ApiClient, operator: None, servers: dict[str, Server], outage: str
 ) -> None:
-    """The API server frozen (SIGSTOP: requests hang, as behind a partition) for 60 s: the model
-    servers keep serving, their limits stay as they were, and the operator's rounds resume after."""
-    with contextlib.suppress(k8s.ApiException):  # one group at a time over these servers
-        k8s.CustomObjectsApi(admin).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, "g2")
+    """The API server gone for 60 s -- frozen (SIGSTOP: requests hang, as behind a partition) or
+    stopped and started again (SIGTERM, as in a control-plane upgrade; etcd keeps the state): the
+    model servers keep serving, their limits stay as they were, and the operator reconnects and
+    its rounds resume."""
+    group = f"g5{outage[0]}"
+    for g in ("g2", "g5f", "g5r"):  # one group at a time over these servers
+        with contextlib.suppress(k8s.ApiException):
+            k8s.CustomObjectsApi(admin).delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, g)
     for model, server in servers.items():
-        register(admin, "g5", model, server)
-    create(admin, group_body("g5", TWO, workload={"adminTokenSecret": "admin-token"},
+        register(admin, group, model, server)
+    create(admin, group_body(group, TWO, workload={"adminTokenSecret": "admin-token"},
                              rebalance={"intervalSeconds": 2}))  # fmt: skip
-    wait_for(lambda: get(admin, "g5").get("status", {}).get("balance"), what="a first round")
+    wait_for(lambda: get(admin, group).get("status", {}).get("balance"), what="a first round")
     admins = {m: s.admin() for m, s in servers.items()}
     limits = {m: c.get("/kvpool").json()["limit_bytes"] for m, c in admins.items()}
-    apiserver = next(p for p in cluster.procs if "kube-apiserver" in str(p.args[0]))
-    apiserver.send_signal(signal.SIGSTOP)
+    if outage == "frozen":
+        cluster.apiserver().send_signal(signal.SIGSTOP)
+    else:
+        cluster.stop_apiserver()
     served = 0
     try:
         until = time.monotonic() + 60
@@ -245,15 +151,19 @@ def test_an_api_server_gone_for_a_minute_leaves_limits_and_serving_alone_and_rou
             assert {m: c.get("/kvpool").json()["limit_bytes"] for m, c in admins.items()} == limits
             time.sleep(2)
     finally:
-        apiserver.send_signal(signal.SIGCONT)
+        if outage == "frozen":
+            cluster.apiserver().send_signal(signal.SIGCONT)
+        else:
+            cluster.start_apiserver()
     resumed = dt.datetime.now(dt.UTC).replace(microsecond=0)
 
     def round_after() -> bool:
-        last = get(admin, "g5")["status"]["balance"]["lastRoundTime"]
+        last = get(admin, group)["status"]["balance"]["lastRoundTime"]
         return dt.datetime.fromisoformat(last.replace("Z", "+00:00")) > resumed
 
     wait_for(round_after, timeout=120, what="a round after the API server came back")
-    print(f"{served} completions served while the API server was frozen")
+    print(f"API server {outage}: {served} completions served while it was gone; a round "
+          f"{(dt.datetime.now(dt.UTC) - resumed).total_seconds():.0f} s or less after it came back")  # fmt: skip
     assert served >= 20
     assert {m: c.get("/kvpool").json()["limit_bytes"] for m, c in admins.items()} == limits
 
