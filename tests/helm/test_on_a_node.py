@@ -3,7 +3,8 @@ with a ``device: cpu`` group of two tiny models; the operator runs as a pod from
 under the chart's ServiceAccount; the resource becomes a Deployment, a ReplicaSet and a Pod that
 the scheduler places and the kubelet runs (non-root, read-only root filesystem, no capabilities,
 seccomp); the EndpointSlice controller publishes the endpoints; load moves memory; a killed
-container comes back; a spec change rolls out; deleting the resource removes everything.
+container comes back; a rotated admin token reaches the pod and the operator without a restart; a
+spec change rolls out; deleting the resource removes everything.
 
 The images are the Dockerfile's ``operator`` and ``cpu`` targets built here by buildah
 (``tools/k8s/images.sh``). The tests run in file order: each stage starts from the last one's state.
@@ -12,6 +13,7 @@ The images are the Dockerfile's ``operator`` and ``cpu`` targets built here by b
 from __future__ import annotations
 
 import base64
+import calendar
 import json
 import os
 import shutil
@@ -197,6 +199,37 @@ def test_a_killed_model_container_is_restarted_by_the_kubelet_and_found_again(no
         return all(m.get("reachable") for m in status.get("models", [])) and len(status.get("models", [])) == 2
 
     wait_for("the operator reaching both servers again", found_again, 120, node)
+
+
+def test_a_rotated_admin_token_reaches_the_pod_and_the_operator_without_a_restart(node: NodeCluster) -> None:
+    """The Secret changed in place: the kubelet refreshes the mounted file (within its sync period),
+    the servers re-read it on the next request, the operator reads the Secret each round. No pod
+    restarts; the old token is refused once the file has changed; rounds succeed with the new one."""
+    pod = ready_pod(node, GROUP_POD, 60)
+    ip, restarts = pod["status"]["podIP"], pod["status"]["containerStatuses"][0]["restartCount"]
+    old, new = admin_token(node), f"rotated-{os.urandom(8).hex()}"
+    node.kubectl("patch", "secret", "kv-kvpool-admin-token", "-n", NS, "--type", "merge",
+                 "-p", json.dumps({"stringData": {"token": new}}))  # fmt: skip
+    rotated = time.monotonic()
+
+    def integrity(token: str) -> int:
+        url = f"http://{ip}:8100/kvpool/integrity"
+        return httpx.get(url, headers={"authorization": f"Bearer {token}"}, timeout=10).status_code
+
+    wait_for("the pod taking the new token", lambda: integrity(new) == 200, 300, node)
+    took = time.monotonic() - rotated
+    assert integrity(old) == 403
+    after = time.time() + 1
+
+    def round_with_new_token() -> bool:
+        status = node.get("colocatedmodels", GROUP, "-n", NS).get("status", {})
+        last = status.get("balance", {}).get("lastRoundTime", "1970-01-01T00:00:00Z")
+        since = calendar.timegm(time.strptime(last, "%Y-%m-%dT%H:%M:%SZ")) > after
+        return since and all(m.get("reachable") for m in status.get("models", []))
+
+    wait_for("a round with the new token", round_with_new_token, 120, node)
+    assert ready_pod(node, GROUP_POD, 60)["status"]["containerStatuses"][0]["restartCount"] == restarts
+    print(f"the pod took the rotated token {took:.0f} s after the Secret changed; no restart")
 
 
 def test_a_spec_change_rolls_out_a_new_pod(node: NodeCluster) -> None:
