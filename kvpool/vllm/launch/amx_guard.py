@@ -28,7 +28,12 @@ def register() -> None:
         return
     import torch
 
-    if torch.cuda.is_available() or not torch.cpu._is_amx_tile_supported():
+    if not torch.cpu._is_amx_tile_supported():  # a CPUID read: touches no device
+        return
+    from vllm.platforms import current_platform
+
+    # not torch.cuda.is_available(): it initializes CUDA, which vLLM's parent must not before forking
+    if not current_platform.is_cpu():
         return
     torch.cpu._is_amx_tile_supported = _no_amx
     log.info("kvpool: vLLM's CPU attention uses its AVX-512 kernels (its AMX ones crash on short "

@@ -66,7 +66,6 @@ class Tier:
         self._sizing = KVPoolOffloadingSpec(build_offloading_config(vllm_config, kv_cache_config))
         self.block_size = vllm_config.cache_config.block_size
         self.hits = self.misses = self.bytes_in = self.bytes_out = 0
-        self.resets = 0  #: times a load error emptied the tier's index
         self._lookups: dict[str, int] = {}  # request -> tokens the pool's prefix cache had
 
     # ---- worker side ----------------------------------------------------------------------------
@@ -111,7 +110,6 @@ class Tier:
             self.bytes_out += meta.transfer_stats.store.bytes
         self.connector.update_connector_output(dataclasses.replace(output, kv_connector_worker_meta=meta))
         if output.invalid_block_ids:  # after the failed jobs completed above: see the module's docstring
-            self.resets += 1
             log.error("kvpool tier: %d blocks failed to load; they are recomputed and the tier's index is emptied",
                       len(output.invalid_block_ids))  # fmt: skip
             self.connector.reset_cache()
