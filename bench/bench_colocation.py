@@ -38,15 +38,20 @@ MiB = 1 << 20
 DEADLINE_S = 120.0  #: after the last arrival, what is still unanswered fails
 
 
+MODELS = {"bursts": 2, "longtail": 3, "steady": 2}  #: models per workload: its static share is budget / N
+
+
 def workloads(names: list[str], cap: Capacity, phase_s: float) -> list[Workload]:
-    """Rates as multiples of what a model's static share serves (``unit``): the busy model's peak
-    60% of the way from that to what the whole budget serves, the idle ones at a tenth, the
-    steady load at 0.6x."""
-    unit = cap.share_rps
-    hot = 1 + 0.6 * (cap.full_rps / cap.share_rps - 1)
-    made = {"bursts": lambda: bursts(unit, hot, 0.1, phase_s),
-            "longtail": lambda: longtail(unit, hot, 0.1, phase_s),
-            "steady": lambda: steady(unit, 0.6, 3 * phase_s)}  # fmt: skip
+    """Rates as multiples of what a model's static share (budget / the workload's N) serves
+    (``unit``): the busy model's peak 60% of the way from that to what the whole budget serves,
+    the idle ones at a tenth, the steady load at 0.6x."""
+
+    def hot(n: int) -> float:
+        return 1 + 0.6 * (cap.full_rps / cap.share_rps(n) - 1)
+
+    made = {"bursts": lambda: bursts(cap.share_rps(2), hot(2), 0.1, phase_s),
+            "longtail": lambda: longtail(cap.share_rps(3), hot(3), 0.1, phase_s),
+            "steady": lambda: steady(cap.share_rps(2), 0.6, 3 * phase_s)}  # fmt: skip
     return [made[n]() for n in names]
 
 
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     shape = Shape()
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
-        cap = calibrate(setup, 2, shape, Path(d))
+        cap = calibrate(setup, tuple(MODELS[n] for n in names), shape, Path(d))
         print(f"calibration: {cap}")
         for i, work in enumerate(workloads(names, cap, args.phase_s)):
             order = cfgs if i % 2 == 0 else cfgs[::-1]

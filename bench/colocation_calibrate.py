@@ -25,14 +25,17 @@ BLOCK_TOKENS = 32  #: kvpool-server's default --block-size
 
 @dataclass(frozen=True)
 class Capacity:
-    share_rps: float  #: requests/s with budget / N
+    shares_rps: dict[int, float]  #: N -> requests/s with budget / N (every workload's N)
     full_rps: float  #: requests/s with the whole budget
     request_bytes: int  #: KV bytes of an average request
     clients: int
 
+    def share_rps(self, n: int) -> float:
+        return self.shares_rps[n]
+
     @property
     def memory_bound(self) -> bool:
-        return self.full_rps > 1.15 * self.share_rps
+        return all(self.full_rps > 1.15 * rps for rps in self.shares_rps.values())
 
 
 async def closed_loop(url: str, model: str, shape: Shape, clients: int, seconds: float, seed: int) -> float:
@@ -61,8 +64,9 @@ async def _set_limit(url: str, limit: int) -> None:
         r.raise_for_status()
 
 
-def calibrate(setup: Setup, n_models: int, shape: Shape, tmp: Path, seconds: float = 20.0) -> Capacity:
-    """One engine on core 0 (the other cores idle), first with the whole budget, then its share."""
+def calibrate(setup: Setup, n_models: tuple[int, ...], shape: Shape, tmp: Path, seconds: float = 20.0) -> Capacity:
+    """One engine on core 0 (the other cores idle), first with the whole budget, then with the
+    static share of each group size in ``n_models`` (a workload's rates follow its own share)."""
     servers = start_servers(setup, Config("static", False), ("a",), tmp)  # one model: limit = budget
     proc, ep, url = servers["a"]
     try:
@@ -72,9 +76,11 @@ def calibrate(setup: Setup, n_models: int, shape: Shape, tmp: Path, seconds: flo
         clients = max(4, 2 * setup.budget // request_bytes)
         asyncio.run(closed_loop(url, "a", shape, clients, 5.0, seed=1))  # warm-up
         full = asyncio.run(closed_loop(url, "a", shape, clients, seconds, seed=2))
-        asyncio.run(_set_limit(ep.url, setup.budget // n_models))  # the admin port
-        share = asyncio.run(closed_loop(url, "a", shape, clients, seconds, seed=3))
+        shares = {}
+        for n in sorted(set(n_models)):
+            asyncio.run(_set_limit(ep.url, setup.budget // n))  # the admin port
+            shares[n] = asyncio.run(closed_loop(url, "a", shape, clients, seconds, seed=2 + n))
     finally:
         proc.terminate()
         proc.wait(timeout=120)
-    return Capacity(share, full, request_bytes, clients)
+    return Capacity(shares, full, request_bytes, clients)

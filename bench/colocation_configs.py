@@ -13,7 +13,7 @@ first, grants within headroom) over the admin API, without Kubernetes. Each conf
 with the CPU tier off and on (``+tier``), so the tier's share is reported apart.
 
 On the CPU every engine is pinned to its own core (``taskset`` + ``VLLM_CPU_OMP_THREADS_BIND``);
-with more models than cores, models share cores round-robin, and the report says so.
+with more models than cores, the first (busiest) keeps core 0 and the others share the rest.
 """
 
 from __future__ import annotations
@@ -63,8 +63,12 @@ class Setup:
     dwell_s: float
 
 
-def core_of(i: int) -> int:
-    return i % (os.cpu_count() or 1)
+def core_of(i: int, cores: int | None = None) -> int:
+    """The first model (the busiest of every workload) alone on core 0; the others round-robin
+    over the rest. With three models on two cores, the two that share peak at different times
+    (longtail: b, then c), so a peak never computes beside the other one's."""
+    cores = cores or os.cpu_count() or 1
+    return 0 if i == 0 or cores == 1 else 1 + (i - 1) % (cores - 1)
 
 
 class Running(NamedTuple):

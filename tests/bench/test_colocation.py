@@ -10,7 +10,7 @@ import pytest
 
 from bench.bench_colocation import workloads
 from bench.colocation_calibrate import Capacity
-from bench.colocation_configs import Config, Setup, configs, server_cmd
+from bench.colocation_configs import Config, Setup, configs, core_of, server_cmd
 from bench.colocation_report import goals, summarize
 from bench.colocation_workload import Shape, bursts, longtail, schedule
 
@@ -43,12 +43,20 @@ def test_the_long_tail_peaks_are_staggered_and_ranked_by_popularity() -> None:
 
 
 def test_rates_come_from_the_calibration() -> None:
-    cap = Capacity(share_rps=4.0, full_rps=8.0, request_bytes=MiB, clients=8)
+    cap = Capacity(shares_rps={2: 4.0, 3: 3.0}, full_rps=8.0, request_bytes=MiB, clients=8)
     burst, tail, flat = workloads(["bursts", "longtail", "steady"], cap, phase_s=10.0)
     hot = max(p.rate for p in burst.curves["a"])
-    assert cap.share_rps < hot < cap.full_rps  # above what the share serves, below the whole budget's
-    assert max(p.rate for p in tail.curves["a"]) == hot
-    assert flat.curves["a"][0].rate < cap.share_rps  # steady: within what the share serves
+    assert cap.share_rps(2) < hot < cap.full_rps  # above what the share serves, below the whole budget's
+    tail_hot = max(p.rate for p in tail.curves["a"])
+    assert cap.share_rps(3) < tail_hot < cap.full_rps  # three models: relative to a third of the budget
+    assert tail_hot == pytest.approx(3.0 * (1 + 0.6 * (8.0 / 3.0 - 1)))
+    assert flat.curves["a"][0].rate < cap.share_rps(2)  # steady: within what the share serves
+
+
+def test_the_busiest_model_keeps_a_core_of_its_own() -> None:
+    assert [core_of(i, cores=2) for i in range(4)] == [0, 1, 1, 1]
+    assert [core_of(i, cores=4) for i in range(5)] == [0, 1, 2, 3, 1]
+    assert [core_of(i, cores=1) for i in range(2)] == [0, 0]
 
 
 def test_only_the_free_for_all_gets_the_whole_budget_and_the_ledger() -> None:
