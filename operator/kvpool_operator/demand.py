@@ -12,20 +12,28 @@ what it holds plus what its waiting requests would hold:
     target_i = water-fill of the budget by need (weights break contention; min/max hold)
     a move   = donor -> recipient, at most max_step, at least hysteresis:
                recipient: the short model furthest below its target (free budget first)
-               donor:     the model furthest above its target, that has not grown for
-                          ``dwell_rounds`` -- and never below its target, so never below its
-                          working set unless the budget is contested
+               donor:     the model furthest above its target that may give (below) -- and
+                          never below its target, so never below its working set unless the
+                          budget is contested
 
-Against flapping: a model must be short two rounds in a row, with two or more requests waiting
-on average, before it is granted (a Poisson spike of a steady load is not a trend; a burst's
-queue of tens is), and no model reverses within its dwell (one that grew is not a donor, one
-that shrank is not a recipient). A spec change that leaves limits above a maximum or over the budget is undone first, by
-shrinks alone (the Balancer applies them before any grant). Fast grow, slower shrink: the EWMA rises with alpha 0.7 and
-decays with 0.5; the working set (the recent peak of what a model used) decays 15% a round, so
-a donor keeps its recent high-water mark unless the budget is contested -- giving a steady load's
-memory away down to its momentary use made it short a few seconds later (12 moves a minute).
-A move is at least one of the recipient's requests (and the hysteresis): smaller ones were
-fix-ups that a Poisson load undoes.
+Against flapping (a steady load must not move memory back and forth) while a burst is served
+within a round or two: the dwell separates noise from a change of load.
+
+* grant: a model must be short two rounds in a row with two or more requests waiting on
+  average (a Poisson spike is not a trend) -- or short with a burst's queue (``SURGE``) at once;
+* a model that grew keeps its grant for ``dwell_rounds``, one that shrank is not granted again
+  within them -- unless the load has changed: a donor whose pool stood at most half used with
+  nothing waiting for ``QUIET`` rounds has lost its load; a recipient whose need is ``LEFT``
+  times its limit has gained one (the dwell held both at the phase changes of alternating bursts
+  and handed memory over 3-6 s late);
+* a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
+  rounds once its load left. Giving a steady load's memory away down to its momentary use made
+  it short seconds later (8 moves a minute with a two-round window).
+
+A spec change that leaves limits above a maximum or over the budget is undone first, by shrinks
+alone (the Balancer applies them before any grant). Fast grow, slower shrink: the need's EWMA
+rises with alpha 0.7 and decays with 0.5. A move is at least one of the recipient's requests (and
+the hysteresis): smaller ones were fix-ups that a Poisson load undoes.
 
 Objective: the distance of the limits from the water-filled targets (the max-min fair split of
 need), sum |limit - target|. A move takes at most the donor's excess over its target and gives
@@ -48,9 +56,12 @@ from kvpool_operator.policy import (
     water_fill,
 )
 
-RISE, DECAY, WORKING_SET_DECAY, HEADROOM = 0.7, 0.5, 0.85, 1.1
+RISE, DECAY, HEADROOM = 0.7, 0.5, 1.1
+QUIET = 2  #: rounds in a row with nothing waiting and at most 1/``LEFT`` of the limit used: the load left
 PERSIST = 2  #: rounds in a row a model must be short before it is granted memory
 QUEUE = 2.0  #: ... with at least this many requests waiting on average (EWMA, alpha 0.5)
+SURGE = 2 * QUEUE  #: or this many waiting in one round with the pool full: a burst, granted at once
+LEFT = 2.0  #: need LEFT x its limit: a load came; use under 1/LEFT of it, nothing waiting: it left
 FULL = 0.75  #: a pool this full with requests waiting is short of memory
 
 
@@ -59,12 +70,23 @@ class ModelMemory:
     """What the policy remembers of one model between rounds."""
 
     need_ewma: float = 0.0
-    working_set: float = 0.0
+    recent_used: tuple[float, ...] = ()  #: bytes used in the latest ``WINDOW`` rounds
     per_request: float = 0.0  #: bytes a running request holds (EWMA); 0 until one ran
     last_grow: int = -(10**9)  #: round of the latest grant
     last_shrink: int = -(10**9)  #: round of the latest shrink
     short_rounds: int = 0  #: consecutive rounds short of memory, this one included
     waiting_ewma: float = 0.0  #: requests waiting (and preempted), smoothed
+    surge: bool = False  #: short this round with a burst's queue (``SURGE``)
+    quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
+
+    @property
+    def quiet(self) -> bool:
+        return self.quiet_rounds >= QUIET
+
+    @property
+    def working_set(self) -> float:
+        """The peak of its recent use: over the dwell, or only the quiet rounds once its load left."""
+        return max(self.recent_used[-QUIET:] if self.quiet else self.recent_used, default=0.0)
 
 
 @dataclass(frozen=True)
@@ -85,9 +107,10 @@ def short_of_memory(obs: Observation, per_request: float) -> bool:
     return obs.running_requests == 0 or room < max(per_request, (1 - FULL) * obs.limit_bytes)
 
 
-def remember(prev: ModelMemory, obs: Observation, default_per_request: float) -> ModelMemory:
-    """Fold one observation into a model's memory. Until a request of its own has run, a model's
-    requests are assumed to be ``default_per_request`` bytes (the group's largest seen)."""
+def remember(prev: ModelMemory, obs: Observation, default_per_request: float, window: int) -> ModelMemory:
+    """Fold one observation into a model's memory (its use over the latest ``window`` rounds).
+    Until a request of its own has run, a model's requests are assumed to be
+    ``default_per_request`` bytes (the group's largest seen)."""
     per = prev.per_request
     if obs.running_requests > 0 and obs.used_bytes > 0:
         now = obs.used_bytes / obs.running_requests
@@ -97,11 +120,13 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float) ->
     wanted = obs.used_bytes + (obs.waiting_requests + obs.preemptions) * assumed if short else obs.used_bytes
     alpha = RISE if wanted > prev.need_ewma else DECAY
     need = prev.need_ewma + alpha * (wanted - prev.need_ewma)
-    working = max(float(obs.used_bytes), prev.working_set * WORKING_SET_DECAY)
+    recent = (*prev.recent_used, float(obs.used_bytes))[-max(window, QUIET) :]
+    idle = obs.waiting_requests + obs.preemptions == 0 and LEFT * obs.used_bytes <= obs.limit_bytes
     streak = prev.short_rounds + 1 if short else 0
     queue = 0.5 * prev.waiting_ewma + 0.5 * (obs.waiting_requests + obs.preemptions)
-    return replace(prev, need_ewma=need, working_set=working, per_request=per, short_rounds=streak,
-                   waiting_ewma=queue)  # fmt: skip
+    surge = short and obs.waiting_requests + obs.preemptions >= SURGE
+    return replace(prev, need_ewma=need, recent_used=recent, per_request=per, short_rounds=streak,
+                   waiting_ewma=queue, surge=surge, quiet_rounds=prev.quiet_rounds + 1 if idle else 0)  # fmt: skip
 
 
 def need(m: ModelBudget, mem: ModelMemory) -> int:
@@ -124,7 +149,9 @@ def plan_demand(
     now = memory.round + 1
     seen = [mem.per_request for mem in memory.models.values() if mem.per_request > 0]
     default = max(seen, default=group.budget_bytes / (4 * len(group.models)))
-    mems = {m.name: remember(memory.models.get(m.name, ModelMemory()), observed[m.name], default) for m in group.models}
+    window = max(group.dwell_rounds, 1)
+    mems = {m.name: remember(memory.models.get(m.name, ModelMemory()), observed[m.name], default, window)
+            for m in group.models}  # fmt: skip
     old = {m.name: observed[m.name].limit_bytes for m in group.models}
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
@@ -165,9 +192,17 @@ def _restore(
     return new if new != dict(old) else None
 
 
-def _wants(mem: ModelMemory, now: int, dwell: int) -> bool:
-    """Short long enough, with a queue deep enough, and not shrunk within its dwell."""
-    return mem.short_rounds >= PERSIST and mem.waiting_ewma >= QUEUE and now - mem.last_shrink > dwell
+def _wants(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int) -> bool:
+    """Short long enough with a queue deep enough, or short with a burst's queue; and past the
+    dwell of its latest shrink unless its need is ``LEFT`` times its limit (a load that came)."""
+    persistent = mem.short_rounds >= PERSIST and mem.waiting_ewma >= QUEUE
+    return (persistent or mem.surge) and (now - mem.last_shrink > dwell or need(m, mem) >= LEFT * limit)
+
+
+def _may_give(limit: int, target: int, mem: ModelMemory, now: int, dwell: int) -> bool:
+    """Above its target, and past the dwell of its latest grant unless its load left (``QUIET``:
+    the dwell is against noise, not against a change)."""
+    return limit > target and (now - mem.last_grow > dwell or mem.quiet)
 
 
 def _one_move(
@@ -176,7 +211,11 @@ def _one_move(
 ) -> tuple[str | None, str, int] | None:  # fmt: skip
     """(donor or None for free budget, recipient, bytes), or None when no move is worth it."""
     limit = {m.name: observed[m.name].limit_bytes for m in active}
-    short = [m for m in active if target[m.name] > limit[m.name] and _wants(mems[m.name], now, group.dwell_rounds)]
+    short = [
+        m
+        for m in active
+        if target[m.name] > limit[m.name] and _wants(m, limit[m.name], mems[m.name], now, group.dwell_rounds)
+    ]
     out_of_bounds = [m for m in active if limit[m.name] < m.min_bytes]
     wanting = out_of_bounds or short
     if not wanting:
@@ -187,9 +226,10 @@ def _one_move(
     if free > 0 and (grant >= group.hysteresis_bytes or grant == deficit):
         return None, recipient.name, grant
     donors = [
-        m for m in active
-        if m is not recipient and limit[m.name] > target[m.name] and now - mems[m.name].last_grow > group.dwell_rounds
-    ]  # fmt: skip
+        m
+        for m in active
+        if m is not recipient and _may_give(limit[m.name], target[m.name], mems[m.name], now, group.dwell_rounds)
+    ]
     if not donors:
         return None
     donor = max(donors, key=lambda m: limit[m.name] - target[m.name])

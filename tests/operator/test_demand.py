@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from kvpool_operator.demand import PERSIST, QUEUE, Memory, need, plan_demand, targets
+from kvpool_operator.demand import PERSIST, QUEUE, QUIET, SURGE, Memory, need, plan_demand, targets
 from kvpool_operator.policy import GroupPolicy, Infeasible, ModelBudget, Observation, Plan
 
 MiB = 1 << 20
@@ -103,9 +103,8 @@ def test_the_budget_and_bounds_hold_with_at_most_one_move_toward_a_short_model(
             assert abs(new - old) <= group.max_step_bytes
             if new > old:
                 assert obs.reachable
-                assert (
-                    memory.models[m.name].short_rounds >= PERSIST and memory.models[m.name].waiting_ewma >= QUEUE
-                ) or (old < m.min_bytes)
+                mem = memory.models[m.name]
+                assert (mem.short_rounds >= PERSIST and mem.waiting_ewma >= QUEUE) or mem.surge or old < m.min_bytes
             if not obs.reachable:
                 assert new == old
         if result.grows:  # every move brings the limits closer to the fair targets
@@ -162,15 +161,26 @@ def test_a_steady_load_stops_moving_memory() -> None:
     assert later == 0
 
 
-def test_a_model_that_just_grew_is_not_shrunk_within_its_dwell() -> None:
+def test_a_model_that_just_grew_and_stays_busy_is_not_shrunk_within_its_dwell() -> None:
     group = two_models(dwell=4)
     limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
     before = limits["a"]
-    after, _, _ = run(group, {"a": 0, "b": 26}, 2, limits, memory)
-    assert after["a"] == before  # the load moved to b at once, but a keeps its grant for a while
-    later, _, _ = run(group, {"a": 0, "b": 26}, 12, limits, memory)
+    busy = before // (2 * MiB) * 3 // 4  # a's load ebbs but still fills three quarters of its grant
+    after, _, _ = run(group, {"a": busy, "b": 26}, 3, limits, memory)
+    assert after["a"] == before
+    later, _, _ = run(group, {"a": busy, "b": 26}, 12, limits, memory)
     assert later["a"] < before
     assert later["b"] > limits["b"]
+
+
+def test_a_model_whose_load_left_hands_its_grant_over_within_the_dwell() -> None:
+    """A burst's end is a change, not noise: once a's pool has stood half empty with nothing
+    waiting for ``QUIET`` rounds, b gets a's memory without waiting out a's dwell."""
+    group = two_models(dwell=8)
+    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
+    after, _, _ = run(group, {"a": 1, "b": 26}, QUIET + 1, limits, memory)
+    assert after["a"] < limits["a"]
+    assert after["b"] > limits["b"]
 
 
 def test_two_short_models_converge_to_their_weighted_shares() -> None:
@@ -197,12 +207,21 @@ def test_a_model_whose_limit_holds_no_request_still_gets_memory() -> None:
     # b's requests are 3 MiB each here: its minimum (8 MiB) holds two, the rest wait
     observed = {"a": Observation(tiny["a"], tiny["a"], 10, running_requests=20),
                 "b": Observation(tiny["b"], 0, 200, running_requests=0)}  # fmt: skip
+    first, _ = plan_demand(group, observed, Memory())
+    assert isinstance(first, Plan)
+    assert first.grows == ("b",)  # a burst's queue with nothing running: granted in its first round
+
+
+def test_one_short_round_with_a_small_queue_is_not_yet_a_trend() -> None:
+    group = two_models()
+    observed = {"a": Observation(40 * MiB, 8 * MiB, 0, running_requests=4),
+                "b": Observation(24 * MiB, 24 * MiB, int(SURGE) - 1, running_requests=12)}  # fmt: skip
     first, memory = plan_demand(group, observed, Memory())
     assert isinstance(first, Plan)
-    assert first.grows == ()  # one round short is not yet a trend
+    assert first.grows == ()
     second, _ = plan_demand(group, observed, memory)
     assert isinstance(second, Plan)
-    assert second.grows == ("b",)
+    assert second.grows == ("b",)  # short two rounds in a row, its queue at QUEUE on average
 
 
 @settings(max_examples=200, deadline=None)
@@ -213,6 +232,7 @@ def test_a_budget_cut_is_met_by_shrinks_alone(case: tuple[GroupPolicy, Rounds], 
     limits = starting_limits(group)
     floor = sum(m.min_bytes for m in group.models)
     smaller = replace(group, budget_bytes=max(floor, int(group.budget_bytes * cut)))
+    assume(sum(limits.values()) > smaller.budget_bytes)
     observed = {n: replace(o, reachable=True) for n, o in observe(limits, rounds[0]).items()}
     result, _ = plan_demand(smaller, observed, Memory())
     assert isinstance(result, Plan)
