@@ -53,6 +53,7 @@ def observation(snap: PoolState, last_preemptions: int) -> Observation:
         waiting_requests=snap.waiting_requests,
         preemptions=max(0, snap.preemptions - last_preemptions),
         running_requests=snap.running_requests,
+        page_bytes=snap.page_bytes,
     )
 
 

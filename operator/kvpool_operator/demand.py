@@ -216,12 +216,14 @@ def _one_move(
         for m in active
         if target[m.name] > limit[m.name] and _wants(m, limit[m.name], mems[m.name], now, group.dwell_rounds)
     ]
-    out_of_bounds = [m for m in active if limit[m.name] < m.min_bytes]
+    out_of_bounds = [m for m in active if observed[m.name].below(m.min_bytes)]
     wanting = out_of_bounds or short
     if not wanting:
         return None
     recipient = max(wanting, key=lambda m: (target[m.name] - limit[m.name]) * m.weight)
     deficit = min(target[recipient.name], recipient.max_bytes) - limit[recipient.name]
+    if deficit < observed[recipient.name].page_bytes:  # the pool would round the grant away
+        return None
     grant = min(deficit, free, group.max_step_bytes)
     if free > 0 and (grant >= group.hysteresis_bytes or grant == deficit):
         return None, recipient.name, grant
@@ -235,6 +237,6 @@ def _one_move(
     donor = max(donors, key=lambda m: limit[m.name] - target[m.name])
     amount = min(deficit, limit[donor.name] - target[donor.name], group.max_step_bytes)
     worth = max(group.hysteresis_bytes, mems[recipient.name].per_request or default)
-    if amount < worth and limit[recipient.name] >= recipient.min_bytes:
+    if amount < worth and not observed[recipient.name].below(recipient.min_bytes):
         return None
     return donor.name, recipient.name, max(0, amount)

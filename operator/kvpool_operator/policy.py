@@ -49,7 +49,7 @@ class GroupPolicy:
     models: tuple[ModelBudget, ...]
     hysteresis_bytes: int = 64 * MiB
     max_step_bytes: int = 1 << 30
-    dwell_rounds: int = 5  #: demand policy: a model that grew is not shrunk for this many rounds
+    dwell_rounds: int = 5  #: demand policy: a grant held (unless the load left), the working-set window
     arbitration: Arbitration = Arbitration.DEMAND
 
     def __post_init__(self) -> None:
@@ -72,6 +72,13 @@ class Observation:
     preemptions: int = 0  #: since the previous round
     reachable: bool = True
     running_requests: int = 0
+    page_bytes: int = 1  #: the pool's limit is whole pages: a minimum between two pages is met at the lower
+
+    def below(self, min_bytes: int) -> bool:
+        """Under ``min_bytes`` by a page or more: a pool rounds a limit down to whole pages, so a
+        minimum that is not a multiple of them is met at the page below it (granting the rest
+        again every round moved nothing: the pool rounded it away)."""
+        return self.limit_bytes < min_bytes // self.page_bytes * self.page_bytes
 
 
 @dataclass(frozen=True)

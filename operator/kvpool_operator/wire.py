@@ -32,6 +32,7 @@ class PoolState:
     running_requests: int = 0
     waiting_requests: int = 0
     preemptions: int = 0
+    page_bytes: int = 1  #: the pool holds its limit in whole pages (rounds a limit down to one)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PoolState:
@@ -47,6 +48,7 @@ class PoolState:
                 revision=int(pending["revision"]), status=str(pending["status"]),
                 running_requests=int(demand.get("running_requests", 0)),
                 waiting_requests=int(demand.get("waiting_requests", 0)), preemptions=int(demand.get("preemptions", 0)),
+                page_bytes=max(1, int(d["page_bytes"])),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as e:
             raise WireError(f"snapshot without a readable {e}") from e

@@ -239,3 +239,25 @@ def test_a_budget_cut_is_met_by_shrinks_alone(case: tuple[GroupPolicy, Rounds], 
     assert sum(result.limits.values()) <= smaller.budget_bytes
     assert result.grows == ()
     assert all(m.min_bytes <= result.limits[m.name] <= m.max_bytes for m in group.models)
+
+
+def test_a_minimum_between_two_pages_is_met_at_the_lower_and_not_granted_again() -> None:
+    """The pool rounds a limit down to whole pages: 12 MiB / 9 became 1.25 MiB with 256 KiB pages,
+    and granting the last 80 KiB every round moved nothing (the benchmark saw it each second)."""
+    page = 256 << 10
+    lo = 12 * MiB // 9
+    group = GroupPolicy(12 * MiB, (ModelBudget("a", lo, 11 * MiB), ModelBudget("b", lo, 11 * MiB)),
+                        hysteresis_bytes=MiB // 2, max_step_bytes=6 * MiB)  # fmt: skip
+    floored = lo // page * page
+    memory = Memory()
+    for _ in range(4):
+        observed = {"a": Observation(10 * MiB, 4 * MiB, running_requests=4, page_bytes=page),
+                    "b": Observation(floored, 0, page_bytes=page)}  # fmt: skip
+        result, memory = plan_demand(group, observed, memory)
+        assert isinstance(result, Plan)
+        assert (result.grows, result.shrinks) == ((), ())
+    below = {"a": Observation(10 * MiB, 4 * MiB, running_requests=4, page_bytes=page),
+             "b": Observation(floored - page, 0, page_bytes=page)}  # fmt: skip
+    result, _ = plan_demand(group, below, memory)
+    assert isinstance(result, Plan)
+    assert result.grows == ("b",)  # a page short is short
