@@ -62,6 +62,7 @@ class DemandStats:
     running_requests: int
     waiting_requests: int
     preemptions: int
+    finished_requests: int = 0  #: a counter: a load that left stops finishing requests
 
 
 @dataclass(frozen=True)

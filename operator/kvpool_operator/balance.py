@@ -54,6 +54,7 @@ def observation(snap: PoolState, last_preemptions: int) -> Observation:
         preemptions=max(0, snap.preemptions - last_preemptions),
         running_requests=snap.running_requests,
         page_bytes=snap.page_bytes,
+        finished_total=snap.finished_requests,
     )
 
 

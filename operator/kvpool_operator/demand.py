@@ -20,10 +20,12 @@ Against flapping (a steady load must not move memory back and forth) while a bur
 within a round or two: the dwell separates noise from a change of load.
 
 * grant: a model must be short two rounds in a row with two or more requests waiting on
-  average (a Poisson spike is not a trend) -- or short with a burst's queue (``SURGE``) at once;
+  average, or as many as it runs (a Poisson spike is not a trend; a small model's queue of one
+  or two doubles its waits) -- or short with a burst's queue (``SURGE``) at once;
 * a model that grew keeps its grant for ``dwell_rounds``, one that shrank is not granted again
-  within them -- unless the load has changed: a donor whose pool stood at most half used with
-  nothing waiting for ``QUIET`` rounds has lost its load; a recipient whose need is ``LEFT``
+  within them -- unless the load has changed: a donor that for ``QUIET`` rounds had nothing
+  waiting, its pool at most half used, and finished requests at a quarter of its peak rate over
+  the dwell or less, has lost its load (see ``_idle``); a recipient whose need is ``LEFT``
   times its limit has gained one (the dwell held both at the phase changes of alternating bursts
   and handed memory over 3-6 s late);
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
@@ -57,11 +59,12 @@ from kvpool_operator.policy import (
 )
 
 RISE, DECAY, HEADROOM = 0.7, 0.5, 1.1
-QUIET = 2  #: rounds in a row with nothing waiting and at most 1/``LEFT`` of the limit used: the load left
+QUIET = 2  #: rounds in a row that its load looked gone (``idle``): the load left
+IDLE = 4.0  #: ... finishing at most 1/IDLE of its peak rate over the dwell, at most 1/LEFT of the pool used
 PERSIST = 2  #: rounds in a row a model must be short before it is granted memory
-QUEUE = 2.0  #: ... with at least this many requests waiting on average (EWMA, alpha 0.5)
+QUEUE = 2.0  #: ... with this many requests waiting on average (EWMA, alpha 0.5), or as many as run
 SURGE = 2 * QUEUE  #: or this many waiting in one round with the pool full: a burst, granted at once
-LEFT = 2.0  #: need LEFT x its limit: a load came; use under 1/LEFT of it, nothing waiting: it left
+LEFT = 2.0  #: a need ``LEFT`` times the limit: a load came
 FULL = 0.75  #: a pool this full with requests waiting is short of memory
 
 
@@ -76,8 +79,11 @@ class ModelMemory:
     last_shrink: int = -(10**9)  #: round of the latest shrink
     short_rounds: int = 0  #: consecutive rounds short of memory, this one included
     waiting_ewma: float = 0.0  #: requests waiting (and preempted), smoothed
+    deep: bool = False  #: ``waiting_ewma`` at ``QUEUE`` or at what runs (a small model's queue of 1-2 doubles its wait)
     surge: bool = False  #: short this round with a burst's queue (``SURGE``)
     quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
+    finished_seen: int | None = None  #: the engine's finished-requests counter last round (None: not yet read)
+    recent_finished: tuple[int, ...] = ()  #: requests finished in each of the latest rounds (the dwell)
 
     @property
     def quiet(self) -> bool:
@@ -121,12 +127,29 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     alpha = RISE if wanted > prev.need_ewma else DECAY
     need = prev.need_ewma + alpha * (wanted - prev.need_ewma)
     recent = (*prev.recent_used, float(obs.used_bytes))[-max(window, QUIET) :]
-    idle = obs.waiting_requests + obs.preemptions == 0 and LEFT * obs.used_bytes <= obs.limit_bytes
+    seen, finished = prev.finished_seen, obs.finished_total - (prev.finished_seen or 0)
+    done = (*prev.recent_finished, max(0, finished))[-max(window, QUIET) :]
+    idle = _idle(obs, seen is not None and finished >= 0, done)
     streak = prev.short_rounds + 1 if short else 0
     queue = 0.5 * prev.waiting_ewma + 0.5 * (obs.waiting_requests + obs.preemptions)
     surge = short and obs.waiting_requests + obs.preemptions >= SURGE
+    quiet, done = (prev.quiet_rounds + 1 if idle else 0), done if seen is not None else ()
+    deep = queue >= min(QUEUE, max(1, obs.running_requests))
     return replace(prev, need_ewma=need, recent_used=recent, per_request=per, short_rounds=streak,
-                   waiting_ewma=queue, surge=surge, quiet_rounds=prev.quiet_rounds + 1 if idle else 0)  # fmt: skip
+                   waiting_ewma=queue, deep=deep, surge=surge, quiet_rounds=quiet,
+                   finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
+
+
+def _idle(obs: Observation, counted: bool, done: tuple[int, ...]) -> bool:
+    """Its load looks gone this round: nothing waits, the pool is at most half used, and it
+    finished at most 1/``IDLE`` of its peak per round over the dwell. Concurrency alone was no
+    sign: a steady load of short requests stands three quarters empty half the time, and giving
+    its memory away cost it 3x at p99; the rate of finished requests falls ten times when a
+    burst ends and seldom halves under a steady load. A counter not yet read (or reset by a
+    restart) is no sign either."""
+    if obs.waiting_requests + obs.preemptions > 0 or LEFT * obs.used_bytes > obs.limit_bytes or not counted:
+        return False
+    return IDLE * done[-1] <= max(done)
 
 
 def need(m: ModelBudget, mem: ModelMemory) -> int:
@@ -195,7 +218,7 @@ def _restore(
 def _wants(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int) -> bool:
     """Short long enough with a queue deep enough, or short with a burst's queue; and past the
     dwell of its latest shrink unless its need is ``LEFT`` times its limit (a load that came)."""
-    persistent = mem.short_rounds >= PERSIST and mem.waiting_ewma >= QUEUE
+    persistent = mem.short_rounds >= PERSIST and mem.deep
     return (persistent or mem.surge) and (now - mem.last_shrink > dwell or need(m, mem) >= LEFT * limit)
 
 

@@ -73,6 +73,7 @@ class Observation:
     reachable: bool = True
     running_requests: int = 0
     page_bytes: int = 1  #: the pool's limit is whole pages: a minimum between two pages is met at the lower
+    finished_total: int = 0  #: requests the engine finished so far (a counter; the demand policy takes rates)
 
     def below(self, min_bytes: int) -> bool:
         """Under ``min_bytes`` by a page or more: a pool rounds a limit down to whole pages, so a

@@ -33,6 +33,7 @@ class PoolState:
     waiting_requests: int = 0
     preemptions: int = 0
     page_bytes: int = 1  #: the pool holds its limit in whole pages (rounds a limit down to one)
+    finished_requests: int = 0  #: a counter
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PoolState:
@@ -49,6 +50,7 @@ class PoolState:
                 running_requests=int(demand.get("running_requests", 0)),
                 waiting_requests=int(demand.get("waiting_requests", 0)), preemptions=int(demand.get("preemptions", 0)),
                 page_bytes=max(1, int(d["page_bytes"])),
+                finished_requests=int(demand.get("finished_requests", 0)),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError) as e:
             raise WireError(f"snapshot without a readable {e}") from e

@@ -24,11 +24,13 @@ DEMAND = {
     "vllm:num_requests_running": "running_requests",
     "vllm:num_requests_waiting": "waiting_requests",
     "vllm:num_preemptions": "preemptions",
+    "vllm:request_success": "finished_requests",  # a counter family: its samples end in _total
 }
 
 
 def demand_reader(registry: Any) -> Callable[[], dict[str, int]]:
-    """Running / waiting requests and preemptions, summed from vLLM's own series."""
+    """Running / waiting requests, preemptions and finished requests, summed from vLLM's own
+    series (every finish reason, every engine)."""
 
     def read() -> dict[str, int]:
         out = dict.fromkeys(DEMAND.values(), 0)

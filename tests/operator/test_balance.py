@@ -97,7 +97,7 @@ def fragment(pool: KVPool) -> list[int]:
 
 BUSY = {"a": DemandStats(4, 8, 0), "b": DemandStats(0, 0, 0)}
 #: the policy's memory of an earlier round in which a was already short (it grants on the second)
-A_WAS_SHORT = Memory(1, {"a": ModelMemory(short_rounds=PERSIST - 1, waiting_ewma=8)})
+A_WAS_SHORT = Memory(1, {"a": ModelMemory(short_rounds=PERSIST - 1, waiting_ewma=8, deep=True)})
 
 
 def fill(pool: KVPool) -> None:

@@ -47,7 +47,7 @@ def real_snapshot() -> dict[str, Any]:
         snap = pool.snapshot()
     finally:
         pool.close()
-    out: dict[str, Any] = PoolSnapshot(**{**snap.__dict__, "demand": DemandStats(2, 5, 1)}).to_dict()
+    out: dict[str, Any] = PoolSnapshot(**{**snap.__dict__, "demand": DemandStats(2, 5, 1, 9)}).to_dict()
     return out
 
 
@@ -58,6 +58,7 @@ def test_a_real_pools_snapshot_reads_into_the_operators_view() -> None:
     assert state.physical_bytes == wire["mapped_bytes"] + wire["reserve_bytes"]
     assert state.used_bytes == 10 * wire["block_bytes"]
     assert (state.running_requests, state.waiting_requests, state.preemptions) == (2, 5, 1)
+    assert state.finished_requests == 9
 
 
 @pytest.mark.parametrize(

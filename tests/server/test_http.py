@@ -93,7 +93,15 @@ def test_the_snapshot_is_complete_and_consistent(server: Server) -> None:
     assert snap["mapped_bytes"] <= snap["limit_bytes"] <= snap["virtual_bytes"]
     blocks = snap["used_blocks"] + snap["cached_blocks"] + snap["free_blocks"] + 1  # + the null block
     assert blocks == snap["mapped_bytes"] // snap["page_bytes"] * snap["blocks_per_page"]
-    assert set(snap["demand"]) == {"running_requests", "waiting_requests", "preemptions"}
+    assert set(snap["demand"]) == {"running_requests", "waiting_requests", "preemptions", "finished_requests"}
+
+
+def test_the_demand_counts_the_requests_the_engine_finished(server: Server) -> None:
+    """The operator's demand policy reads a load that left from this counter (vLLM's own
+    ``vllm:request_success``, every finish reason)."""
+    before = server.admin().get("/kvpool").json()["demand"]["finished_requests"]
+    openai_client(server).completions.create(model=MODEL, prompt="count me", max_tokens=2)
+    assert server.admin().get("/kvpool").json()["demand"]["finished_requests"] == before + 1
 
 
 def test_limit_revisions_round_trip(server: Server) -> None:
