@@ -73,7 +73,7 @@ class ModelMemory:
     """What the policy remembers of one model between rounds."""
 
     need_ewma: float = 0.0
-    recent_used: tuple[float, ...] = ()  #: bytes used in the latest ``WINDOW`` rounds
+    recent_used: tuple[float, ...] = ()  #: bytes used in the latest rounds (the dwell)
     per_request: float = 0.0  #: bytes a running request holds (EWMA); 0 until one ran
     last_grow: int = -(10**9)  #: round of the latest grant
     last_shrink: int = -(10**9)  #: round of the latest shrink
@@ -126,14 +126,15 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     wanted = obs.used_bytes + (obs.waiting_requests + obs.preemptions) * assumed if short else obs.used_bytes
     alpha = RISE if wanted > prev.need_ewma else DECAY
     need = prev.need_ewma + alpha * (wanted - prev.need_ewma)
-    recent = (*prev.recent_used, float(obs.used_bytes))[-max(window, QUIET) :]
-    seen, finished = prev.finished_seen, obs.finished_total - (prev.finished_seen or 0)
-    done = (*prev.recent_finished, max(0, finished))[-max(window, QUIET) :]
-    idle = _idle(obs, seen is not None and finished >= 0, done)
+    keep = max(window, QUIET)
+    recent = (*prev.recent_used, float(obs.used_bytes))[-keep:]
+    counted, finished = prev.finished_seen is not None, obs.finished_total - (prev.finished_seen or 0)
+    done = (*prev.recent_finished, max(0, finished))[-keep:] if counted else ()
+    idle = _idle(obs, counted and finished >= 0, done)
     streak = prev.short_rounds + 1 if short else 0
     queue = 0.5 * prev.waiting_ewma + 0.5 * (obs.waiting_requests + obs.preemptions)
     surge = short and obs.waiting_requests + obs.preemptions >= SURGE
-    quiet, done = (prev.quiet_rounds + 1 if idle else 0), done if seen is not None else ()
+    quiet = prev.quiet_rounds + 1 if idle else 0
     deep = queue >= min(QUEUE, max(1, obs.running_requests))
     return replace(prev, need_ewma=need, recent_used=recent, per_request=per, short_rounds=streak,
                    waiting_ewma=queue, deep=deep, surge=surge, quiet_rounds=quiet,
