@@ -12,7 +12,7 @@ what it holds plus what its waiting requests would hold:
     target_i = water-fill of the budget by need (weights break contention; min/max hold)
     a move   = donor -> recipient, at most max_step, at least hysteresis:
                recipient: the short model furthest below its target (free budget first)
-               donor:     the model furthest above its target that may give (below) -- and
+               donor:     the model with the most it may give (below) -- and
                           never below its target, so never below its working set unless the
                           budget is contested
 
@@ -25,9 +25,15 @@ within a round or two: the dwell separates noise from a change of load.
 * a model that grew keeps its grant for ``dwell_rounds``, one that shrank is not granted again
   within them -- unless the load has changed: a donor that for ``QUIET`` rounds had nothing
   waiting, its pool at most half used, and finished requests at a quarter of its peak rate over
-  the dwell or less, has lost its load (see ``_idle``); a recipient whose need is ``LEFT``
-  times its limit has gained one (the dwell held both at the phase changes of alternating bursts
-  and handed memory over 3-6 s late);
+  the dwell or less, has lost its load (see ``_idle``) and gives to anyone short; a recipient
+  whose need is ``LEFT`` times its limit has gained one (the dwell held both at the phase
+  changes of alternating bursts and handed memory over 3-6 s late);
+* a grant above a model's fair share (the budget water-filled by weight up to every maximum, what
+  a static split gives it) is a loan: a model short below its share takes it back within any
+  dwell, its own or the lender's, down to the lender's share and up to what its queue needs
+  (``_claim``); it never waits a dwell for its static share. A model whose load is still there
+  lends below its share only to one short for ``LOAN`` rounds: lent after two, it recalled the
+  loan at its next spike (the steady load's flap);
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
   rounds once its load left. Giving a steady load's memory away down to its momentary use made
   it short seconds later (8 moves a minute with a two-round window).
@@ -65,6 +71,7 @@ PERSIST = 2  #: rounds in a row a model must be short before it is granted memor
 QUEUE = 2.0  #: ... with this many requests waiting on average (EWMA, alpha 0.5), or as many as run
 SURGE = 2 * QUEUE  #: or this many waiting in one round with the pool full: a burst, granted at once
 LEFT = 2.0  #: a need ``LEFT`` times the limit: a load came
+LOAN = 4  #: rounds short before a donor whose load is still there lends below its fair share
 FULL = 0.75  #: a pool this full with requests waiting is short of memory
 
 
@@ -157,10 +164,33 @@ def need(m: ModelBudget, mem: ModelMemory) -> int:
     return max(m.min_bytes, min(m.max_bytes, int(max(mem.working_set, mem.need_ewma) * HEADROOM)))
 
 
+def needs_of(models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget: int) -> tuple[dict[str, int], bool]:
+    """Each model's need and whether together they exceed ``budget`` (contested). In a contested
+    round with a burst (``SURGE``), a model whose load looked gone for a round needs only what it
+    holds: its working set over the dwell and its need's EWMA still carry the burst it just
+    served, and held its target -- and so the new burst's -- at the old split for a second round
+    of each phase of alternating bursts."""
+    needs = {m.name: need(m, mems[m.name]) for m in models}
+    contested = sum(needs.values()) > budget
+    if contested and any(mems[m.name].surge for m in models):
+        for m in models:
+            mem = mems[m.name]
+            if mem.quiet_rounds >= 1 and not mem.quiet:
+                lately = mem.recent_used[-1]
+                needs[m.name] = need(m, replace(mem, recent_used=(lately,), need_ewma=lately))
+    return needs, contested
+
+
 def targets(models: list[ModelBudget], needs: Mapping[str, int], budget: int) -> dict[str, int]:
     """Everyone's need if the budget allows; otherwise minimums first, then the rest by weight,
     no one above its need (what one cannot use goes to the others)."""
     return water_fill(models, {m.name: m.weight for m in models}, needs, budget)
+
+
+def fair_shares(models: list[ModelBudget], budget: int) -> dict[str, int]:
+    """What a static split by weight would give each model: minimums first, no one above its
+    maximum (what a capped model cannot take goes to the others)."""
+    return water_fill(models, {m.name: m.weight for m in models}, {m.name: m.max_bytes for m in models}, budget)
 
 
 def plan_demand(
@@ -179,13 +209,15 @@ def plan_demand(
     old = {m.name: observed[m.name].limit_bytes for m in group.models}
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
-    target = targets(active, {m.name: need(m, mems[m.name]) for m in active}, group.budget_bytes - pinned)
+    needs, contested = needs_of(active, mems, group.budget_bytes - pinned)
+    target = targets(active, needs, group.budget_bytes - pinned)
     restored = _restore(group, active, old, target)
     if restored is not None:  # a spec change put limits above a maximum or the budget: fix that first
         shrinks = tuple(n for n in restored if restored[n] < old[n])
         return Plan(restored, shrinks, ()), Memory(now, mems)
     new = dict(old)
-    move = _one_move(group, active, observed, target, mems, now, group.budget_bytes - sum(old.values()), default)
+    free = group.budget_bytes - sum(old.values())
+    move = _one_move(group, active, observed, target, mems, now, free, default, contested)
     if move is not None:
         donor, recipient, amount = move
         if donor is not None:
@@ -216,51 +248,96 @@ def _restore(
     return new if new != dict(old) else None
 
 
-def _wants(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int) -> bool:
-    """Short long enough with a queue deep enough, or short with a burst's queue; and past the
-    dwell of its latest shrink unless its need is ``LEFT`` times its limit (a load that came)."""
-    persistent = mem.short_rounds >= PERSIST and mem.deep
-    return (persistent or mem.surge) and (now - mem.last_shrink > dwell or need(m, mem) >= LEFT * limit)
+def _short(mem: ModelMemory) -> bool:
+    """Short long enough with a queue deep enough, or short with a burst's queue."""
+    return (mem.short_rounds >= PERSIST and mem.deep) or mem.surge
 
 
-def _may_give(limit: int, target: int, mem: ModelMemory, now: int, dwell: int) -> bool:
-    """Above its target, and past the dwell of its latest grant unless its load left (``QUIET``:
-    the dwell is against noise, not against a change)."""
-    return limit > target and (now - mem.last_grow > dwell or mem.quiet)
+def _settled(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int) -> bool:
+    """Past the dwell of its latest shrink, or its need is ``LEFT`` times its limit (a load that
+    came): a model that just gave memory away takes it back from a busy one only at a change."""
+    return now - mem.last_shrink > dwell or need(m, mem) >= LEFT * limit
+
+
+def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: float) -> int:
+    """Bytes a model short below its fair share takes back within any dwell: up to its share,
+    or to what it holds and its queue would hold if that is less (0: no claim). A grant above a
+    share is a loan while the others do not need it: held for a dwell against a model short
+    below its share, it kept longtail's second model at 1.25 MiB for 8 s with ten requests
+    waiting. Its queue, not its target, bounds it: a cold model's target still carries its last
+    burst's working set, and one round's queue of two took a hot model's memory down to its share."""
+    if limit >= fair or not _short(mem):
+        return 0
+    holds = (obs.used_bytes + (obs.waiting_requests + obs.preemptions) * (mem.per_request or default)) * HEADROOM
+    return max(0, min(fair, int(holds)) - limit)
+
+
+@dataclass(frozen=True)
+class Asks:
+    """The recipient of a round, as a donor's ``_room`` weighs it."""
+
+    settled: bool
+    claim: int
+    surge: bool
+    short_rounds: int
+
+
+def _room(limit: int, target: int, fair: int, mem: ModelMemory, now: int, dwell: int, asks: Asks) -> int:
+    """What a donor may give this round. Down to its target: once its load left (``QUIET``: idle
+    memory goes to anyone short); to a burst (``SURGE``) that the budget cannot cover once its
+    own load looked gone for a round (its target then is what it holds, ``needs_of``); past the
+    dwell of its latest grant to a settled model short for ``LOAN`` rounds. Down to its fair
+    share: past that dwell to a settled model, or within it to one that claims its share back.
+    A donor whose load was still there lent below its share after two short rounds of another's
+    and took it back at its next spike (the steady load's memory went there and back in 4 s)."""
+    if mem.quiet or (asks.surge and mem.quiet_rounds >= 1):
+        return max(0, limit - target)
+    above = max(0, limit - max(target, fair))
+    if now - mem.last_grow > dwell and asks.settled:
+        return max(0, limit - target) if asks.short_rounds >= LOAN else above
+    return min(above, asks.claim)
 
 
 def _one_move(
     group: GroupPolicy, active: list[ModelBudget], observed: Mapping[str, Observation], target: Mapping[str, int],
-    mems: Mapping[str, ModelMemory], now: int, free: int, default: float,
+    mems: Mapping[str, ModelMemory], now: int, free: int, default: float, contested: bool,
 ) -> tuple[str | None, str, int] | None:  # fmt: skip
-    """(donor or None for free budget, recipient, bytes), or None when no move is worth it."""
+    """(donor or None for free budget, recipient, bytes), or None when no move is worth it.
+    ``contested``: the needs exceed the budget (only then may a burst take a donor below its need)."""
     limit = {m.name: observed[m.name].limit_bytes for m in active}
-    short = [
-        m
-        for m in active
-        if target[m.name] > limit[m.name] and _wants(m, limit[m.name], mems[m.name], now, group.dwell_rounds)
-    ]
+    short = [m for m in active if target[m.name] > limit[m.name] and _short(mems[m.name])]
     out_of_bounds = [m for m in active if observed[m.name].below(m.min_bytes)]
     wanting = out_of_bounds or short
     if not wanting:
         return None
     recipient = max(wanting, key=lambda m: (target[m.name] - limit[m.name]) * m.weight)
-    deficit = min(target[recipient.name], recipient.max_bytes) - limit[recipient.name]
-    if deficit < observed[recipient.name].page_bytes:  # the pool would round the grant away
+    r, mem = recipient.name, mems[recipient.name]
+    deficit = min(target[r], recipient.max_bytes) - limit[r]
+    if deficit < observed[r].page_bytes:  # the pool would round the grant away
         return None
-    grant = min(deficit, free, group.max_step_bytes)
-    if free > 0 and (grant >= group.hysteresis_bytes or grant == deficit):
-        return None, recipient.name, grant
-    donors = [
-        m
-        for m in active
-        if m is not recipient and _may_give(limit[m.name], target[m.name], mems[m.name], now, group.dwell_rounds)
-    ]
-    if not donors:
+    fair = fair_shares(active, sum(limit.values()) + free)
+    settled = recipient in out_of_bounds or _settled(recipient, limit[r], mem, now, group.dwell_rounds)
+    asks = Asks(
+        settled, _claim(limit[r], fair[r], observed[r], mem, default), mem.surge and contested, mem.short_rounds
+    )
+    page = observed[r].page_bytes
+    grant = min(deficit, free, group.max_step_bytes) // page * page
+    if (
+        grant > 0
+        and (asks.settled or asks.claim)
+        and (grant >= group.hysteresis_bytes or grant == deficit // page * page)
+    ):
+        return None, r, grant
+    room = {m.name: _room(limit[m.name], target[m.name], fair[m.name], mems[m.name], now, group.dwell_rounds,
+                          asks) for m in active if m is not recipient}  # fmt: skip
+    donor = max(room, key=lambda n: room[n], default=None)
+    if donor is None or room[donor] <= 0:
         return None
-    donor = max(donors, key=lambda m: limit[m.name] - target[m.name])
-    amount = min(deficit, limit[donor.name] - target[donor.name], group.max_step_bytes)
-    worth = max(group.hysteresis_bytes, mems[recipient.name].per_request or default)
-    if amount < worth and not observed[recipient.name].below(recipient.min_bytes):
+    # whole pages of both pools: a pool rounds its limit down, and the bytes one rounded away
+    # were granted from free budget in the next round (a second resize for nothing)
+    page = max(page, observed[donor].page_bytes)
+    amount = min(deficit, room[donor], group.max_step_bytes) // page * page
+    worth = max(group.hysteresis_bytes, mem.per_request or default)
+    if amount <= 0 or (amount < worth and not observed[r].below(recipient.min_bytes)):
         return None
-    return donor.name, recipient.name, max(0, amount)
+    return donor, r, amount

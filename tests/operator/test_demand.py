@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from kvpool_operator.demand import PERSIST, QUIET, SURGE, Memory, need, plan_demand, targets
+from kvpool_operator.demand import LOAN, PERSIST, QUIET, SURGE, Memory, need, needs_of, plan_demand, targets
 from kvpool_operator.policy import GroupPolicy, Infeasible, ModelBudget, Observation, Plan
 
 MiB = 1 << 20
@@ -67,7 +67,8 @@ def objective(group: GroupPolicy, observed: dict[str, Observation], memory: Memo
     """The policy's objective: how far the limits are from the water-filled targets."""
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(limits[m.name] for m in group.models if not observed[m.name].reachable)
-    target = targets(active, {m.name: need(m, memory.models[m.name]) for m in active}, group.budget_bytes - pinned)
+    needs, _ = needs_of(active, memory.models, group.budget_bytes - pinned)
+    target = targets(active, needs, group.budget_bytes - pinned)
     return sum(abs(limits[m.name] - target[m.name]) for m in active)
 
 
@@ -164,16 +165,39 @@ def test_a_steady_load_stops_moving_memory() -> None:
     assert later == 0
 
 
-def test_a_model_that_just_grew_and_stays_busy_is_not_shrunk_within_its_dwell() -> None:
-    group = two_models(dwell=4)
-    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
+def three_models(dwell: int) -> GroupPolicy:
+    """Fair shares of 32 MiB each."""
+    return GroupPolicy(96 * MiB, tuple(ModelBudget(n, 8 * MiB, 80 * MiB) for n in "abc"),
+                       hysteresis_bytes=2 * MiB, max_step_bytes=16 * MiB, dwell_rounds=dwell)  # fmt: skip
+
+
+def test_a_model_that_just_grew_and_stays_busy_keeps_its_grant_within_its_dwell() -> None:
+    """b, short at its fair share, waits out a's dwell: a's grant above its share is not taken
+    back while a still uses it (only a model below its share may, see the next test)."""
+    group = three_models(dwell=4)
+    limits, memory, _ = run(group, {"a": 26, "b": 14, "c": 0}, 3, {"a": 40 * MiB, "b": 32 * MiB, "c": 24 * MiB})
     before = limits["a"]
+    assert before > 32 * MiB
+    assert limits["b"] == 32 * MiB
     busy = before // (2 * MiB) * 3 // 4  # a's load ebbs but still fills three quarters of its grant
-    after, _, _ = run(group, {"a": busy, "b": 26}, 3, limits, memory)
+    after, _, _ = run(group, {"a": busy, "b": 26, "c": 0}, 3, limits, memory)
     assert after["a"] == before
-    later, _, _ = run(group, {"a": busy, "b": 26}, 12, limits, memory)
+    later, _, _ = run(group, {"a": busy, "b": 26, "c": 0}, 12, limits, memory)
     assert later["a"] < before
     assert later["b"] > limits["b"]
+
+
+def test_a_model_below_its_fair_share_reclaims_it_within_the_donors_dwell() -> None:
+    """A grant above a fair share is a loan: a burst's queue below its share takes it back in the
+    next round, down to the lender's share and no lower while the lender still uses it."""
+    group = two_models(dwell=8)
+    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
+    assert limits["b"] < 32 * MiB
+    busy = limits["a"] // (2 * MiB) * 3 // 4
+    after, memory, _ = run(group, {"a": busy, "b": 26}, 1, limits, memory)
+    assert after["b"] > limits["b"]  # in its first round short, within a's dwell
+    settled, _, _ = run(group, {"a": busy, "b": 26}, 3, after, memory)
+    assert settled["a"] == 32 * MiB == settled["b"]
 
 
 def test_a_model_whose_load_left_hands_its_grant_over_within_the_dwell() -> None:
@@ -216,15 +240,16 @@ def test_a_model_whose_limit_holds_no_request_still_gets_memory() -> None:
 
 
 def test_one_short_round_with_a_small_queue_is_not_yet_a_trend() -> None:
+    """b at its fair share (nothing to reclaim), three waiting: not yet, then from free budget."""
     group = two_models()
-    observed = {"a": Observation(40 * MiB, 8 * MiB, 0, running_requests=4),
-                "b": Observation(24 * MiB, 24 * MiB, int(SURGE) - 1, running_requests=12)}  # fmt: skip
+    observed = {"a": Observation(24 * MiB, 8 * MiB, 0, running_requests=4),
+                "b": Observation(32 * MiB, 32 * MiB, int(SURGE) - 1, running_requests=12)}  # fmt: skip
     first, memory = plan_demand(group, observed, Memory())
     assert isinstance(first, Plan)
     assert first.grows == ()
     second, _ = plan_demand(group, observed, memory)
     assert isinstance(second, Plan)
-    assert second.grows == ("b",)  # short two rounds in a row, its queue at QUEUE on average
+    assert second.grows == ("b",)  # short two rounds in a row, its queue at QUEUE on average: free budget
 
 
 @settings(max_examples=200, deadline=None)
@@ -283,18 +308,20 @@ def test_a_small_model_whose_queue_matches_what_runs_is_short() -> None:
 
 
 def hand_over(finishing_after: int) -> dict[str, int]:
-    """a grew in a burst (finishing 12 requests a round); then its pool stands 90% empty while it
-    finishes ``finishing_after`` a round, and b queues. a's limit after three such rounds."""
-    group = two_models(dwell=8)
-    limits, memory, done = {"a": 32 * MiB, "b": 32 * MiB}, Memory(), 0
+    """a grew in a burst (finishing 12 requests a round) to 56 MiB, c at its minimum; then a's
+    pool stands 90% empty while it finishes ``finishing_after`` a round, and b queues at its fair
+    share. a's limit after three such rounds."""
+    group = three_models(dwell=8)
+    limits, memory, done = {"a": 40 * MiB, "b": 32 * MiB, "c": 24 * MiB}, Memory(), 0
     for r in range(7):
         busy = r < 4
         done += 12 if busy else finishing_after
         used_a = min(limits["a"], 52 * MiB) if busy else 4 * MiB
         observed = {"a": Observation(limits["a"], used_a, 20 if busy else 0, running_requests=12 if busy else 2,
                                      finished_total=done),
-                    "b": Observation(limits["b"], 6 * MiB if busy else limits["b"], 0 if busy else 20,
-                                     running_requests=3, finished_total=3 * r)}  # fmt: skip
+                    "b": Observation(limits["b"], 28 * MiB if busy else limits["b"], 0 if busy else 20,
+                                     running_requests=12, finished_total=3 * r),
+                    "c": Observation(limits["c"], 0, finished_total=0)}  # fmt: skip
         result, memory = plan_demand(group, observed, memory)
         assert isinstance(result, Plan)
         limits = result.limits
@@ -305,5 +332,64 @@ def test_a_pool_standing_empty_keeps_its_grant_while_its_requests_still_finish_a
     """A steady load of short requests stands mostly empty between arrivals; its finishing rate
     says the load is still there (its memory given away cost it 3x at p99)."""
     grown = hand_over(finishing_after=12)["a"]
-    assert grown == 56 * MiB  # its maximum, held
+    assert grown == 56 * MiB  # what it took from c, held
     assert hand_over(finishing_after=1)["a"] < grown  # the rate fell twelvefold: the load left
+
+
+def test_a_model_whose_load_is_still_there_lends_below_its_share_only_to_a_lasting_shortage() -> None:
+    """a serves a steady load in a quarter of its share; b is short at its own. Lent after two
+    short rounds, the loan came back at a's next spike (the steady benchmark's flap): a lends
+    only once b has been short for ``LOAN`` rounds."""
+    group = two_models(dwell=2)
+    limits, memory, seen = {"a": 32 * MiB, "b": 32 * MiB}, Memory(), []
+    for _ in range(LOAN + 1):
+        limits, memory, _ = run(group, {"a": 4, "b": 30}, 1, limits, memory)
+        seen.append(limits["b"])
+    assert seen[: LOAN - 1] == [32 * MiB] * (LOAN - 1)
+    assert seen[-1] > 32 * MiB
+
+
+def test_moves_are_whole_pages_of_both_pools() -> None:
+    """A pool rounds its limit down to pages: a move of part of a page left bytes that the next
+    round granted from free budget, a second resize for nothing."""
+    page = 256 << 10
+    group = GroupPolicy(12 * MiB, (ModelBudget("a", 2 * MiB, 10 * MiB), ModelBudget("b", 2 * MiB, 10 * MiB)),
+                        hysteresis_bytes=MiB // 2, max_step_bytes=6 * MiB, dwell_rounds=8)  # fmt: skip
+    limits, memory, moved = {"a": 10 * MiB, "b": 2 * MiB}, Memory(), []
+    for r in range(6):
+        observed = {"a": Observation(limits["a"], MiB, running_requests=1, page_bytes=page, finished_total=r),
+                    "b": Observation(limits["b"], limits["b"], 5, running_requests=2, page_bytes=page,
+                                     finished_total=2 * r)}  # fmt: skip
+        result, memory = plan_demand(group, observed, memory)
+        assert isinstance(result, Plan)
+        moved += [result.limits[n] - limits[n] for n in result.grows]
+        limits = result.limits
+    assert moved
+    assert all(b % page == 0 for b in moved)
+    assert all(v % page == 0 for v in limits.values())
+
+
+def test_a_cold_model_below_its_share_takes_back_what_its_queue_needs_not_a_busy_models_loan() -> None:
+    """b, idle below its share, queues three requests for two rounds: it takes back room for them,
+    not its whole share from a, whose pool is full of its burst."""
+    group = two_models(dwell=8)
+    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
+    lent = limits["a"] - 32 * MiB
+    assert lent > 8 * MiB
+    after, _, _ = run(group, {"a": 40, "b": limits["b"] // (2 * MiB) + 3}, 3, limits, memory)
+    assert after["b"] > limits["b"]  # its queue got room
+    assert after["a"] - 32 * MiB > lent // 2  # a kept most of its loan
+
+
+def test_a_burst_takes_what_a_pool_its_load_just_left_is_not_holding_after_one_idle_round() -> None:
+    """Alternating bursts: b's burst gets a's memory above what a holds once a's load looked
+    gone for one round, not after ``QUIET`` rounds (each phase spent a second more at the old
+    split waiting for a second idle round); with no load left anywhere, nothing moves."""
+    group = replace(two_models(dwell=8), max_step_bytes=64 * MiB)
+    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
+    first, _, _ = run(group, {"a": 1, "b": 26}, 1, limits, memory)
+    assert memory.models["a"].quiet_rounds == 0
+    assert first["b"] > 32 * MiB  # beyond its share in the round a's load left
+    assert first["a"] >= int(2 * MiB * 1.1)  # room for a's one request stays
+    calm, _, _ = run(group, {"a": 1, "b": 2}, 1, limits, memory)
+    assert calm == limits
