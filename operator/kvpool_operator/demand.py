@@ -298,6 +298,21 @@ def _room(limit: int, target: int, fair: int, mem: ModelMemory, now: int, dwell:
     return min(above, asks.claim)
 
 
+def _recipient(
+    active: list[ModelBudget], observed: Mapping[str, Observation], target: Mapping[str, int],
+    mems: Mapping[str, ModelMemory],
+) -> tuple[ModelBudget, bool] | None:  # fmt: skip
+    """The model below its minimum or short (``_short``) furthest below its target (by weight),
+    and whether it is below its minimum; None when no model wants memory."""
+    below = [m for m in active if observed[m.name].below(m.min_bytes)]
+    short = [m for m in active if target[m.name] > observed[m.name].limit_bytes and _short(mems[m.name])]
+    wanting = below or short
+    if not wanting:
+        return None
+    recipient = max(wanting, key=lambda m: (target[m.name] - observed[m.name].limit_bytes) * m.weight)
+    return recipient, recipient in below
+
+
 def _one_move(
     group: GroupPolicy, active: list[ModelBudget], observed: Mapping[str, Observation], target: Mapping[str, int],
     mems: Mapping[str, ModelMemory], now: int, free: int, default: float, contested: bool,
@@ -305,21 +320,18 @@ def _one_move(
     """(donor or None for free budget, recipient, bytes), or None when no move is worth it.
     ``contested``: the needs exceed the budget (only then may a burst take a donor below its need)."""
     limit = {m.name: observed[m.name].limit_bytes for m in active}
-    short = [m for m in active if target[m.name] > limit[m.name] and _short(mems[m.name])]
-    out_of_bounds = [m for m in active if observed[m.name].below(m.min_bytes)]
-    wanting = out_of_bounds or short
-    if not wanting:
+    wanted = _recipient(active, observed, target, mems)
+    if wanted is None:
         return None
-    recipient = max(wanting, key=lambda m: (target[m.name] - limit[m.name]) * m.weight)
+    recipient, below_min = wanted
     r, mem = recipient.name, mems[recipient.name]
     deficit = min(target[r], recipient.max_bytes) - limit[r]
     if deficit < observed[r].page_bytes:  # the pool would round the grant away
         return None
     fair = fair_shares(active, sum(limit.values()) + free)
-    settled = recipient in out_of_bounds or _settled(recipient, limit[r], mem, now, group.dwell_rounds)
-    asks = Asks(
-        settled, _claim(limit[r], fair[r], observed[r], mem, default), mem.surge and contested, mem.short_rounds
-    )
+    settled = below_min or _settled(recipient, limit[r], mem, now, group.dwell_rounds)
+    claim = _claim(limit[r], fair[r], observed[r], mem, default)
+    asks = Asks(settled, claim, mem.surge and contested, mem.short_rounds)
     page = observed[r].page_bytes
     grant = min(deficit, free, group.max_step_bytes) // page * page
     if (
