@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from kvpool_operator.balance import Balancer
-from kvpool_operator.demand import PERSIST, Memory, ModelMemory
+from kvpool_operator.demand import LOAN, PERSIST, Memory, ModelMemory
 from kvpool_operator.pools import Endpoint, PoolUnreachable
 from kvpool_operator.spec import GroupSpec, parse_group
 from kvpool_operator.wire import PoolState, ResizeReply
@@ -96,8 +96,9 @@ def fragment(pool: KVPool) -> list[int]:
 
 
 BUSY = {"a": DemandStats(4, 8, 0), "b": DemandStats(0, 0, 0)}
-#: the policy's memory of an earlier round in which a was already short (it grants on the second)
-A_WAS_SHORT = Memory(1, {"a": ModelMemory(short_rounds=PERSIST - 1, waiting_ewma=8, deep=True)})
+#: the policy's memory of earlier rounds in which a was already short: at its fair share, it is
+#: lent b's memory once short for LOAN rounds (b's load is not known to have left)
+A_WAS_SHORT = Memory(1, {"a": ModelMemory(short_rounds=max(PERSIST, LOAN) - 1, waiting_ewma=8, deep=True)})
 
 
 def fill(pool: KVPool) -> None:
