@@ -51,6 +51,7 @@ free budget); a round with no such move worth the hysteresis plans nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -276,21 +277,21 @@ def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: f
 class Asks:
     """The recipient of a round, as a donor's ``_room`` weighs it."""
 
-    settled: bool
-    claim: int
-    surge: bool
+    settled: bool  #: past the dwell of its latest shrink, or its load came (``_settled``), or below its minimum
+    claim: int  #: bytes it takes back below its fair share within any dwell (``_claim``)
+    burst: bool  #: short with a burst's queue (``SURGE``) in a round whose needs exceed the budget
     short_rounds: int
 
 
 def _room(limit: int, target: int, fair: int, mem: ModelMemory, now: int, dwell: int, asks: Asks) -> int:
     """What a donor may give this round. Down to its target: once its load left (``QUIET``: idle
-    memory goes to anyone short); to a burst (``SURGE``) that the budget cannot cover once its
-    own load looked gone for a round (its target then is what it holds, ``needs_of``); past the
-    dwell of its latest grant to a settled model short for ``LOAN`` rounds. Down to its fair
-    share: past that dwell to a settled model, or within it to one that claims its share back.
-    A donor whose load was still there lent below its share after two short rounds of another's
-    and took it back at its next spike (the steady load's memory went there and back in 4 s)."""
-    if mem.quiet or (asks.surge and mem.quiet_rounds >= 1):
+    memory goes to anyone short); to a burst once its own load looked gone for a round (its
+    target then is what it holds, ``needs_of``); past the dwell of its latest grant to a settled
+    model short for ``LOAN`` rounds. Down to its fair share: past that dwell to a settled model,
+    or within it as much as a model below its own share claims back. A donor whose load was
+    still there lent below its share after two short rounds of another's and took it back at its
+    next spike (the steady load's memory went there and back in 4 s)."""
+    if mem.quiet or (asks.burst and mem.quiet_rounds >= 1):
         return max(0, limit - target)
     above = max(0, limit - max(target, fair))
     if now - mem.last_grow > dwell and asks.settled:
@@ -298,58 +299,65 @@ def _room(limit: int, target: int, fair: int, mem: ModelMemory, now: int, dwell:
     return min(above, asks.claim)
 
 
-def _recipient(
+def _wanting(
     active: list[ModelBudget], observed: Mapping[str, Observation], target: Mapping[str, int],
     mems: Mapping[str, ModelMemory],
-) -> tuple[ModelBudget, bool] | None:  # fmt: skip
-    """The model below its minimum or short (``_short``) furthest below its target (by weight),
-    and whether it is below its minimum; None when no model wants memory."""
+) -> list[ModelBudget]:  # fmt: skip
+    """Models below their minimum if any, else those short (``_short``) below their targets;
+    furthest below its target (by weight) first."""
     below = [m for m in active if observed[m.name].below(m.min_bytes)]
     short = [m for m in active if target[m.name] > observed[m.name].limit_bytes and _short(mems[m.name])]
-    wanting = below or short
-    if not wanting:
-        return None
-    recipient = max(wanting, key=lambda m: (target[m.name] - observed[m.name].limit_bytes) * m.weight)
-    return recipient, recipient in below
+    return sorted(below or short, key=lambda m: (target[m.name] - observed[m.name].limit_bytes) * m.weight,
+                  reverse=True)  # fmt: skip
 
 
 def _one_move(
     group: GroupPolicy, active: list[ModelBudget], observed: Mapping[str, Observation], target: Mapping[str, int],
     mems: Mapping[str, ModelMemory], now: int, free: int, default: float, contested: bool,
 ) -> tuple[str | None, str, int] | None:  # fmt: skip
-    """(donor or None for free budget, recipient, bytes), or None when no move is worth it.
-    ``contested``: the needs exceed the budget (only then may a burst take a donor below its need)."""
+    """(donor or None for free budget, recipient, bytes) for the first wanting model that a move
+    may serve, or None. ``contested``: the needs (before ``needs_of`` lowered any) exceed the
+    budget. The first in line may be held by its dwell while the next could be served: trying
+    only the first starved the others for that dwell."""
     limit = {m.name: observed[m.name].limit_bytes for m in active}
-    wanted = _recipient(active, observed, target, mems)
-    if wanted is None:
-        return None
-    recipient, below_min = wanted
-    r, mem = recipient.name, mems[recipient.name]
-    deficit = min(target[r], recipient.max_bytes) - limit[r]
-    if deficit < observed[r].page_bytes:  # the pool would round the grant away
-        return None
     fair = fair_shares(active, sum(limit.values()) + free)
-    settled = below_min or _settled(recipient, limit[r], mem, now, group.dwell_rounds)
-    claim = _claim(limit[r], fair[r], observed[r], mem, default)
-    asks = Asks(settled, claim, mem.surge and contested, mem.short_rounds)
-    page = observed[r].page_bytes
-    grant = min(deficit, free, group.max_step_bytes) // page * page
-    if (
-        grant > 0
-        and (asks.settled or asks.claim)
-        and (grant >= group.hysteresis_bytes or grant == deficit // page * page)
-    ):
-        return None, r, grant
-    room = {m.name: _room(limit[m.name], target[m.name], fair[m.name], mems[m.name], now, group.dwell_rounds,
-                          asks) for m in active if m is not recipient}  # fmt: skip
+    for recipient in _wanting(active, observed, target, mems):
+        mem, obs = mems[recipient.name], observed[recipient.name]
+        settled = obs.below(recipient.min_bytes) or _settled(recipient, obs.limit_bytes, mem, now, group.dwell_rounds)
+        asks = Asks(settled, _claim(obs.limit_bytes, fair[recipient.name], obs, mem, default),
+                    mem.surge and contested, mem.short_rounds)  # fmt: skip
+        move = _move_to(group, recipient, active, observed, target, mems, fair, asks, now, free, default)
+        if move is not None:
+            return move
+    return None
+
+
+def _move_to(
+    group: GroupPolicy, recipient: ModelBudget, active: list[ModelBudget], observed: Mapping[str, Observation],
+    target: Mapping[str, int], mems: Mapping[str, ModelMemory], fair: Mapping[str, int], asks: Asks, now: int,
+    free: int, default: float,
+) -> tuple[str | None, str, int] | None:  # fmt: skip
+    """The move to ``recipient``: from free budget, else from the donor with the most room, in
+    whole pages of both pools (a pool rounds its limit down, and the bytes one rounded away were
+    granted from free budget in the next round: a second resize for nothing); None if none is
+    worth it."""
+    name, obs = recipient.name, observed[recipient.name]
+    deficit = min(target[name], recipient.max_bytes) - obs.limit_bytes
+    if deficit < obs.page_bytes:  # the pool would round the grant away
+        return None
+    wants = deficit if asks.settled else min(deficit, asks.claim)
+    grant = min(wants, free, group.max_step_bytes) // obs.page_bytes * obs.page_bytes
+    whole = deficit // obs.page_bytes * obs.page_bytes
+    if grant > 0 and (grant >= group.hysteresis_bytes or grant == whole):
+        return None, name, grant
+    room = {m.name: _room(observed[m.name].limit_bytes, target[m.name], fair[m.name], mems[m.name], now,
+                          group.dwell_rounds, asks) for m in active if m is not recipient}  # fmt: skip
     donor = max(room, key=lambda n: room[n], default=None)
     if donor is None or room[donor] <= 0:
         return None
-    # whole pages of both pools: a pool rounds its limit down, and the bytes one rounded away
-    # were granted from free budget in the next round (a second resize for nothing)
-    page = max(page, observed[donor].page_bytes)
+    page = math.lcm(obs.page_bytes, observed[donor].page_bytes)
     amount = min(deficit, room[donor], group.max_step_bytes) // page * page
-    worth = max(group.hysteresis_bytes, mem.per_request or default)
-    if amount <= 0 or (amount < worth and not observed[r].below(recipient.min_bytes)):
+    worth = max(group.hysteresis_bytes, mems[name].per_request or default)
+    if amount <= 0 or (amount < worth and not obs.below(recipient.min_bytes)):
         return None
-    return donor, r, amount
+    return donor, name, amount

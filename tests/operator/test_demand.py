@@ -10,7 +10,18 @@ from dataclasses import dataclass, replace
 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from kvpool_operator.demand import LOAN, PERSIST, QUIET, SURGE, Memory, need, needs_of, plan_demand, targets
+from kvpool_operator.demand import (
+    LOAN,
+    PERSIST,
+    QUIET,
+    SURGE,
+    Memory,
+    ModelMemory,
+    need,
+    needs_of,
+    plan_demand,
+    targets,
+)
 from kvpool_operator.policy import GroupPolicy, Infeasible, ModelBudget, Observation, Plan
 
 MiB = 1 << 20
@@ -393,3 +404,17 @@ def test_a_burst_takes_what_a_pool_its_load_just_left_is_not_holding_after_one_i
     assert first["a"] >= int(2 * MiB * 1.1)  # room for a's one request stays
     calm, _, _ = run(group, {"a": 1, "b": 2}, 1, limits, memory)
     assert calm == limits
+
+
+def test_a_short_model_held_by_its_dwell_does_not_hold_back_another_short_model() -> None:
+    """a is furthest below its target but shrank two rounds ago (above its share, no claim);
+    b is short too and settled: b is served from c's idle memory, not made to wait a's dwell."""
+    group = three_models(dwell=8)
+    memory = Memory(5, {"a": ModelMemory(last_shrink=4, short_rounds=5, waiting_ewma=10, deep=True),
+                        "b": ModelMemory(short_rounds=5, waiting_ewma=10, deep=True)})  # fmt: skip
+    observed = {"a": Observation(34 * MiB, 34 * MiB, 10, running_requests=17),
+                "b": Observation(40 * MiB, 40 * MiB, 10, running_requests=20),
+                "c": Observation(22 * MiB, 8 * MiB, running_requests=4)}  # fmt: skip
+    result, _ = plan_demand(group, observed, memory)
+    assert isinstance(result, Plan)
+    assert (result.grows, result.shrinks) == (("b",), ("c",))
