@@ -11,10 +11,11 @@ what it holds plus what its waiting requests would hold:
     need_i   = max(working set, EWMA of (used + waiting x bytes per running request)) x 1.1
     target_i = water-fill of the budget by need (weights break contention; min/max hold)
     a move   = donor -> recipient, at most max_step, at least hysteresis:
-               recipient: the short model furthest below its target (free budget first)
-               donor:     the model with the most it may give (below) -- and
-                          never below its target, so never below its working set unless the
-                          budget is contested
+               recipient: the short model furthest below its target that a move may serve
+                          (free budget first)
+               donor:     the model with the most it may give (below) -- and never below
+                          its target, so never below its working set unless the budget is
+                          contested (where a burst's round counts only what a donor holds)
 
 Against flapping (a steady load must not move memory back and forth) while a burst is served
 within a round or two: the dwell separates noise from a change of load.
@@ -23,11 +24,12 @@ within a round or two: the dwell separates noise from a change of load.
   average, or as many as it runs (a Poisson spike is not a trend; a small model's queue of one
   or two doubles its waits) -- or short with a burst's queue (``SURGE``) at once;
 * a model that grew keeps its grant for ``dwell_rounds``, one that shrank is not granted again
-  within them -- unless the load has changed: a donor that for ``QUIET`` rounds had nothing
-  waiting, its pool at most half used, and finished requests at a quarter of its peak rate over
-  the dwell or less, has lost its load (see ``_idle``) and gives to anyone short; a recipient
-  whose need is ``LEFT`` times its limit has gained one (the dwell held both at the phase
-  changes of alternating bursts and handed memory over 3-6 s late);
+  within them from a donor whose load is still there -- unless the load has changed: a donor
+  that for ``QUIET`` rounds had nothing waiting, its pool at most half used, and finished
+  requests at a quarter of its peak rate over the dwell or less, has lost its load (see
+  ``_idle``) and gives to anyone short; a recipient whose need is ``LEFT`` times its limit has
+  gained one (the dwell held both at the phase changes of alternating bursts and handed memory
+  over 3-6 s late);
 * a grant above a model's fair share (the budget water-filled by weight up to every maximum, what
   a static split gives it) is a loan: a model short below its share takes it back within any
   dwell, its own or the lender's, down to the lender's share and up to what its queue needs
@@ -40,8 +42,9 @@ within a round or two: the dwell separates noise from a change of load.
 
 A spec change that leaves limits above a maximum or over the budget is undone first, by shrinks
 alone (the Balancer applies them before any grant). Fast grow, slower shrink: the need's EWMA
-rises with alpha 0.7 and decays with 0.5. A move is at least one of the recipient's requests (and
-the hysteresis): smaller ones were fix-ups that a Poisson load undoes.
+rises with alpha 0.7 and decays with 0.5. A move from a donor is at least one of the recipient's
+requests (and the hysteresis): smaller ones were fix-ups that a Poisson load undoes; a grant from
+free budget is at least the hysteresis or all the recipient lacks. Moves are whole pages.
 
 Objective: the distance of the limits from the water-filled targets (the max-min fair split of
 need), sum |limit - target|. A move takes at most the donor's excess over its target and gives
