@@ -11,12 +11,10 @@ from dataclasses import dataclass, replace
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from kvpool_operator.demand import (
-    LOAN,
     PERSIST,
     QUIET,
     SURGE,
     Memory,
-    ModelMemory,
     need,
     needs_of,
     plan_demand,
@@ -24,7 +22,7 @@ from kvpool_operator.demand import (
 )
 from kvpool_operator.policy import GroupPolicy, Infeasible, ModelBudget, Observation, Plan
 
-MiB = 1 << 20
+from tests.operator.demand_rounds import MiB, run, three_models, two_models
 
 
 @dataclass(frozen=True)
@@ -137,30 +135,6 @@ def test_a_donor_keeps_its_need_while_the_budget_covers_every_need(
                 assert result.limits[name] >= needs[name]
 
 
-def two_models(dwell: int = 3) -> GroupPolicy:
-    return GroupPolicy(64 * MiB, (ModelBudget("a", 8 * MiB, 56 * MiB), ModelBudget("b", 8 * MiB, 56 * MiB)),
-                       hysteresis_bytes=2 * MiB, max_step_bytes=16 * MiB, dwell_rounds=dwell)  # fmt: skip
-
-
-def run(group: GroupPolicy, load: dict[str, int], rounds: int, limits: dict[str, int],
-        memory: Memory | None = None) -> tuple[dict[str, int], Memory, int]:  # fmt: skip
-    """``load``: model -> requests in the engine; each holds 2 MiB, those that do not fit wait,
-    and every running one finishes within the round (another takes its place)."""
-    memory, moves = memory or Memory(), 0
-    for _ in range(rounds):
-        observed = {}
-        for n, want in load.items():
-            running = min(want, limits[n] // (2 * MiB))
-            seen = memory.models[n].finished_seen or 0 if n in memory.models else 0
-            observed[n] = Observation(limits[n], 2 * MiB * running, want - running, running_requests=running,
-                                      finished_total=seen + running)  # fmt: skip
-        result, memory = plan_demand(group, observed, memory)
-        assert isinstance(result, Plan)
-        moves += bool(result.grows)
-        limits = result.limits
-    return limits, memory, moves
-
-
 def test_a_burst_gets_memory_within_rounds_and_the_idle_model_keeps_its_working_set() -> None:
     group = two_models()
     limits, _, _ = run(group, {"a": 28, "b": 3}, 6, {"a": 32 * MiB, "b": 32 * MiB})
@@ -174,12 +148,6 @@ def test_a_steady_load_stops_moving_memory() -> None:
     _, _, later = run(group, {"a": 26, "b": 4}, 60, limits, memory)
     assert first >= 1
     assert later == 0
-
-
-def three_models(dwell: int) -> GroupPolicy:
-    """Fair shares of 32 MiB each."""
-    return GroupPolicy(96 * MiB, tuple(ModelBudget(n, 8 * MiB, 80 * MiB) for n in "abc"),
-                       hysteresis_bytes=2 * MiB, max_step_bytes=16 * MiB, dwell_rounds=dwell)  # fmt: skip
 
 
 def test_a_model_that_just_grew_and_stays_busy_keeps_its_grant_within_its_dwell() -> None:
@@ -196,19 +164,6 @@ def test_a_model_that_just_grew_and_stays_busy_keeps_its_grant_within_its_dwell(
     later, _, _ = run(group, {"a": busy, "b": 26, "c": 0}, 12, limits, memory)
     assert later["a"] < before
     assert later["b"] > limits["b"]
-
-
-def test_a_model_below_its_fair_share_reclaims_it_within_the_donors_dwell() -> None:
-    """A grant above a fair share is a loan: a burst's queue below its share takes it back in the
-    next round, down to the lender's share and no lower while the lender still uses it."""
-    group = two_models(dwell=8)
-    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
-    assert limits["b"] < 32 * MiB
-    busy = limits["a"] // (2 * MiB) * 3 // 4
-    after, memory, _ = run(group, {"a": busy, "b": 26}, 1, limits, memory)
-    assert after["b"] > limits["b"]  # in its first round short, within a's dwell
-    settled, _, _ = run(group, {"a": busy, "b": 26}, 3, after, memory)
-    assert settled["a"] == 32 * MiB == settled["b"]
 
 
 def test_a_model_whose_load_left_hands_its_grant_over_within_the_dwell() -> None:
@@ -345,76 +300,3 @@ def test_a_pool_standing_empty_keeps_its_grant_while_its_requests_still_finish_a
     grown = hand_over(finishing_after=12)["a"]
     assert grown == 56 * MiB  # what it took from c, held
     assert hand_over(finishing_after=1)["a"] < grown  # the rate fell twelvefold: the load left
-
-
-def test_a_model_whose_load_is_still_there_lends_below_its_share_only_to_a_lasting_shortage() -> None:
-    """a serves a steady load in a quarter of its share; b is short at its own. Lent after two
-    short rounds, the loan came back at a's next spike (the steady benchmark's flap): a lends
-    only once b has been short for ``LOAN`` rounds."""
-    group = two_models(dwell=2)
-    limits, memory, seen = {"a": 32 * MiB, "b": 32 * MiB}, Memory(), []
-    for _ in range(LOAN + 1):
-        limits, memory, _ = run(group, {"a": 4, "b": 30}, 1, limits, memory)
-        seen.append(limits["b"])
-    assert seen[: LOAN - 1] == [32 * MiB] * (LOAN - 1)
-    assert seen[-1] > 32 * MiB
-
-
-def test_moves_are_whole_pages_of_both_pools() -> None:
-    """A pool rounds its limit down to pages: a move of part of a page left bytes that the next
-    round granted from free budget, a second resize for nothing."""
-    page = 256 << 10
-    group = GroupPolicy(12 * MiB, (ModelBudget("a", 2 * MiB, 10 * MiB), ModelBudget("b", 2 * MiB, 10 * MiB)),
-                        hysteresis_bytes=MiB // 2, max_step_bytes=6 * MiB, dwell_rounds=8)  # fmt: skip
-    limits, memory, moved = {"a": 10 * MiB, "b": 2 * MiB}, Memory(), []
-    for r in range(6):
-        observed = {"a": Observation(limits["a"], MiB, running_requests=1, page_bytes=page, finished_total=r),
-                    "b": Observation(limits["b"], limits["b"], 5, running_requests=2, page_bytes=page,
-                                     finished_total=2 * r)}  # fmt: skip
-        result, memory = plan_demand(group, observed, memory)
-        assert isinstance(result, Plan)
-        moved += [result.limits[n] - limits[n] for n in result.grows]
-        limits = result.limits
-    assert moved
-    assert all(b % page == 0 for b in moved)
-    assert all(v % page == 0 for v in limits.values())
-
-
-def test_a_cold_model_below_its_share_takes_back_what_its_queue_needs_not_a_busy_models_loan() -> None:
-    """b, idle below its share, queues three requests for two rounds: it takes back room for them,
-    not its whole share from a, whose pool is full of its burst."""
-    group = two_models(dwell=8)
-    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
-    lent = limits["a"] - 32 * MiB
-    assert lent > 8 * MiB
-    after, _, _ = run(group, {"a": 40, "b": limits["b"] // (2 * MiB) + 3}, 3, limits, memory)
-    assert after["b"] > limits["b"]  # its queue got room
-    assert after["a"] - 32 * MiB > lent // 2  # a kept most of its loan
-
-
-def test_a_burst_takes_what_a_pool_its_load_just_left_is_not_holding_after_one_idle_round() -> None:
-    """Alternating bursts: b's burst gets a's memory above what a holds once a's load looked
-    gone for one round, not after ``QUIET`` rounds (each phase spent a second more at the old
-    split waiting for a second idle round); with no load left anywhere, nothing moves."""
-    group = replace(two_models(dwell=8), max_step_bytes=64 * MiB)
-    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
-    first, _, _ = run(group, {"a": 1, "b": 26}, 1, limits, memory)
-    assert memory.models["a"].quiet_rounds == 0
-    assert first["b"] > 32 * MiB  # beyond its share in the round a's load left
-    assert first["a"] >= int(2 * MiB * 1.1)  # room for a's one request stays
-    calm, _, _ = run(group, {"a": 1, "b": 2}, 1, limits, memory)
-    assert calm == limits
-
-
-def test_a_short_model_held_by_its_dwell_does_not_hold_back_another_short_model() -> None:
-    """a is furthest below its target but shrank two rounds ago (above its share, no claim);
-    b is short too and settled: b is served from c's idle memory, not made to wait a's dwell."""
-    group = three_models(dwell=8)
-    memory = Memory(5, {"a": ModelMemory(last_shrink=4, short_rounds=5, waiting_ewma=10, deep=True),
-                        "b": ModelMemory(short_rounds=5, waiting_ewma=10, deep=True)})  # fmt: skip
-    observed = {"a": Observation(34 * MiB, 34 * MiB, 10, running_requests=17),
-                "b": Observation(40 * MiB, 40 * MiB, 10, running_requests=20),
-                "c": Observation(22 * MiB, 8 * MiB, running_requests=4)}  # fmt: skip
-    result, _ = plan_demand(group, observed, memory)
-    assert isinstance(result, Plan)
-    assert (result.grows, result.shrinks) == (("b",), ("c",))
