@@ -221,7 +221,8 @@ def plan_demand(
         return Plan(restored, shrinks, ()), Memory(now, mems)
     new = dict(old)
     free = group.budget_bytes - sum(old.values())
-    move = _one_move(group, active, observed, target, mems, now, free, default, contested)
+    fair = fair_shares(active, group.budget_bytes - pinned)
+    move = _one_move(Round(group, active, observed, target, fair, mems, now, free, default, contested))
     if move is not None:
         donor, recipient, amount = move
         if donor is not None:
@@ -314,53 +315,63 @@ def _wanting(
                   reverse=True)  # fmt: skip
 
 
-def _one_move(
-    group: GroupPolicy, active: list[ModelBudget], observed: Mapping[str, Observation], target: Mapping[str, int],
-    mems: Mapping[str, ModelMemory], now: int, free: int, default: float, contested: bool,
-) -> tuple[str | None, str, int] | None:  # fmt: skip
+@dataclass(frozen=True)
+class Round:
+    """What every candidate move of one round is weighed against."""
+
+    group: GroupPolicy
+    active: list[ModelBudget]  #: the reachable models (an unreachable one keeps its limit)
+    observed: Mapping[str, Observation]
+    target: Mapping[str, int]  #: the water-fill of the budget by need (``targets``)
+    fair: Mapping[str, int]  #: the static split of the budget by weight (``fair_shares``)
+    mems: Mapping[str, ModelMemory]
+    now: int  #: this round's number
+    free: int  #: budget no limit holds
+    default: float  #: bytes per request of a model none of whose requests ran yet
+    contested: bool  #: the needs (before ``needs_of`` lowered any) exceed the budget
+
+    def limit(self, name: str) -> int:
+        return self.observed[name].limit_bytes
+
+
+def _one_move(r: Round) -> tuple[str | None, str, int] | None:
     """(donor or None for free budget, recipient, bytes) for the first wanting model that a move
-    may serve, or None. ``contested``: the needs (before ``needs_of`` lowered any) exceed the
-    budget. The first in line may be held by its dwell while the next could be served: trying
-    only the first starved the others for that dwell."""
-    limit = {m.name: observed[m.name].limit_bytes for m in active}
-    fair = fair_shares(active, sum(limit.values()) + free)
-    for recipient in _wanting(active, observed, target, mems):
-        mem, obs = mems[recipient.name], observed[recipient.name]
-        settled = obs.below(recipient.min_bytes) or _settled(recipient, obs.limit_bytes, mem, now, group.dwell_rounds)
-        asks = Asks(settled, _claim(obs.limit_bytes, fair[recipient.name], obs, mem, default),
-                    mem.surge and contested, mem.short_rounds)  # fmt: skip
-        move = _move_to(group, recipient, active, observed, target, mems, fair, asks, now, free, default)
+    may serve, or None. The first in line may be held by its dwell while the next could be
+    served: trying only the first starved the others for that dwell."""
+    for recipient in _wanting(r.active, r.observed, r.target, r.mems):
+        mem, obs = r.mems[recipient.name], r.observed[recipient.name]
+        settled = obs.below(recipient.min_bytes) or _settled(recipient, obs.limit_bytes, mem, r.now,
+                                                             r.group.dwell_rounds)  # fmt: skip
+        asks = Asks(settled, _claim(obs.limit_bytes, r.fair[recipient.name], obs, mem, r.default),
+                    mem.surge and r.contested, mem.short_rounds)  # fmt: skip
+        move = _move_to(r, recipient, asks)
         if move is not None:
             return move
     return None
 
 
-def _move_to(
-    group: GroupPolicy, recipient: ModelBudget, active: list[ModelBudget], observed: Mapping[str, Observation],
-    target: Mapping[str, int], mems: Mapping[str, ModelMemory], fair: Mapping[str, int], asks: Asks, now: int,
-    free: int, default: float,
-) -> tuple[str | None, str, int] | None:  # fmt: skip
+def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, str, int] | None:
     """The move to ``recipient``: from free budget, else from the donor with the most room, in
     whole pages of both pools (a pool rounds its limit down, and the bytes one rounded away were
     granted from free budget in the next round: a second resize for nothing); None if none is
     worth it."""
-    name, obs = recipient.name, observed[recipient.name]
-    deficit = min(target[name], recipient.max_bytes) - obs.limit_bytes
+    name, obs, group = recipient.name, r.observed[recipient.name], r.group
+    deficit = min(r.target[name], recipient.max_bytes) - obs.limit_bytes
     if deficit < obs.page_bytes:  # the pool would round the grant away
         return None
     wants = deficit if asks.settled else min(deficit, asks.claim)
-    grant = min(wants, free, group.max_step_bytes) // obs.page_bytes * obs.page_bytes
+    grant = min(wants, r.free, group.max_step_bytes) // obs.page_bytes * obs.page_bytes
     whole = deficit // obs.page_bytes * obs.page_bytes
     if grant > 0 and (grant >= group.hysteresis_bytes or grant == whole):
         return None, name, grant
-    room = {m.name: _room(observed[m.name].limit_bytes, target[m.name], fair[m.name], mems[m.name], now,
-                          group.dwell_rounds, asks) for m in active if m is not recipient}  # fmt: skip
+    room = {m.name: _room(r.limit(m.name), r.target[m.name], r.fair[m.name], r.mems[m.name], r.now,
+                          group.dwell_rounds, asks) for m in r.active if m is not recipient}  # fmt: skip
     donor = max(room, key=lambda n: room[n], default=None)
     if donor is None or room[donor] <= 0:
         return None
-    page = math.lcm(obs.page_bytes, observed[donor].page_bytes)
+    page = math.lcm(obs.page_bytes, r.observed[donor].page_bytes)
     amount = min(deficit, room[donor], group.max_step_bytes) // page * page
-    worth = max(group.hysteresis_bytes, mems[name].per_request or default)
+    worth = max(group.hysteresis_bytes, r.mems[name].per_request or r.default)
     if amount <= 0 or (amount < worth and not obs.below(recipient.min_bytes)):
         return None
     return donor, name, amount
