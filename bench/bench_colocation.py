@@ -34,6 +34,8 @@ from bench.colocation_report import report
 from bench.colocation_workload import WORKLOADS, Shape, Workload, bursts, drive, longtail, schedule, steady
 from bench.common import RESULTS
 
+PARTIAL = RESULTS / "colocation-partial"  #: a subset's results: the full run's files stay the record
+
 MiB = 1 << 20
 DEADLINE_S = 120.0  #: after the last arrival, what is still unanswered fails
 
@@ -129,7 +131,7 @@ def run(setup: Setup, cfg: Config, work: Workload, seed: int, shape: Shape, tmp:
                 shutil.copy(log, logs / log.name)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="", help="model path (default: the embedded tiny model)")
     ap.add_argument("--backend", choices=["host", "cuda"], default="host")
@@ -142,11 +144,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
     ap.add_argument("--tier", choices=["both", "off", "on"], default="both", help="CPU tier in the configurations")
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"JSON and PNGs (default: {RESULTS}/ for the full run, {PARTIAL}/ for a subset: "
+                         "a subset never replaces the run of record)")  # fmt: skip
     args = ap.parse_args(argv)
-    policies, names = args.policies.split(","), args.workloads.split(",")
-    for flag, got, allowed in (("--policies", policies, POLICIES), ("--workloads", names, WORKLOADS)):
-        if bad := [x for x in got if x not in allowed]:
+    for flag, got, allowed in (("--policies", args.policies, POLICIES), ("--workloads", args.workloads, WORKLOADS)):
+        if bad := [x for x in got.split(",") if x not in allowed]:
             ap.error(f"{flag}: {bad} not among {list(allowed)}")
+    full = (args.workloads, args.policies, args.tier) == (",".join(WORKLOADS), ",".join(POLICIES), "both")
+    args.out = args.out or (RESULTS if full else PARTIAL)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    policies, names = args.policies.split(","), args.workloads.split(",")
     if not args.model:
         from kvpool.vllm.launch.tiny_model import build_tiny_model
 
@@ -164,7 +176,9 @@ def main(argv: list[str] | None = None) -> None:
             for cfg in order:
                 print(f"== {work.name}: {cfg.name}", flush=True)
                 results[work.name][cfg.name] = run(setup, cfg, work, args.seed, shape, Path(d))
-    report(results, {**vars(args), "capacity": cap.__dict__, "memory_bound": cap.memory_bound}, RESULTS)
+    args.out.mkdir(parents=True, exist_ok=True)
+    meta = {**vars(args), "out": str(args.out), "capacity": cap.__dict__, "memory_bound": cap.memory_bound}
+    report(results, meta, args.out)
 
 
 if __name__ == "__main__":

@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> None:
             f"uniform_over_{k}_{d}": uni[f"{d}_gbps"] / v[f"{d}_gbps"]
             for k, v in gbps.items() if k != "uniform_1x2MiB" for d in ("store", "load")
         }  # fmt: skip
-        for k, v in ratios.items():
-            print(f"{k}: {v:.2f}x")
+        for k, r in ratios.items():
+            print(f"{k}: {r:.2f}x")
         t = ttft(Path(d), args.prompts, args.tokens)
     print("TTFT ms (median): " + "  ".join(f"{k} {v:.1f}" for k, v in t.items()))
     speedup = {"recompute_over_tier_hit": t["recompute_ttft_ms"] / t["tier_hit_ttft_ms"],

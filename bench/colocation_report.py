@@ -62,8 +62,8 @@ def tables(name: str, summary: dict[str, dict[str, dict[str, float]]]) -> str:
     lines += ["", "| config | " + " | ".join(f"{m} ttft_p99_s" for m in models) + " | cpu util / engine |"
               " max waiting | drain s |", "|---" * (len(models) + 4) + "|"]  # fmt: skip
     for config, scopes in summary.items():
-        base = summary.get(baseline(config), {})
-        per = [f"{scopes[m]['ttft_p99_s']:.3g}" + ratio(scopes[m]["ttft_p99_s"], base.get(m, {}).get("ttft_p99_s", 0))
+        static = summary.get(baseline(config), {})
+        per = [f"{scopes[m]['ttft_p99_s']:.3g}" + ratio(scopes[m]["ttft_p99_s"], static.get(m, {}).get("ttft_p99_s", 0))
                for m in models]  # fmt: skip
         o = scopes["overall"]
         lines.append(f"| {config} | " + " | ".join(per) +

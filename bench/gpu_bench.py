@@ -96,7 +96,7 @@ def copies() -> dict[str, float]:
                 o = b * BLOCK + lay * piece
                 dst[o : o + piece].copy_(src[o : o + piece], non_blocking=True)
 
-    res = {}
+    res: dict[str, float] = {}
     for direction, dst, src in (("d2h", host, dev), ("h2d", dev, host)):
         peak = total / _timed(lambda d=dst, s=src: d.copy_(s, non_blocking=True)) / 1e9
         w = total / _timed(lambda d=dst, s=src: whole(d, s)) / 1e9

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench.bench_colocation import workloads
+from bench.bench_colocation import PARTIAL, RESULTS, parse, workloads
 from bench.colocation_calibrate import Capacity
 from bench.colocation_configs import Config, Setup, configs, core_of, server_cmd
 from bench.colocation_report import goals, summarize
@@ -97,3 +97,16 @@ def test_the_report_checks_the_goals_against_static() -> None:
     assert "0.95x lower than static (goal >= 2.5): MISSED" in checked[0]  # the worst request sets p99
     assert "worst model p99 1.05x static (goal <= 1.10): met" in checked[0]
     assert checked[1].endswith("met")  # b: 1.05 s under demand vs 5 s under the free-for-all
+
+
+def test_only_the_full_run_writes_the_results_of_record() -> None:
+    assert parse([]).out == RESULTS
+    for subset in (["--tier", "off"], ["--workloads", "bursts"], ["--policies", "static,demand"]):
+        assert parse(subset).out == PARTIAL, subset
+    assert str(parse(["--tier", "off", "--out", "/tmp/mine"]).out) == "/tmp/mine"
+
+
+def test_an_unknown_policy_is_refused_by_its_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse(["--policies", "static,greedy"])
+    assert "--policies: ['greedy'] not among" in capsys.readouterr().err
