@@ -33,9 +33,12 @@ within a round or two: the dwell separates noise from a change of load.
 * a grant above a model's fair share (the budget water-filled by weight up to every maximum, what
   a static split gives it) is a loan: a model short below its share takes it back within any
   dwell, its own or the lender's, down to the lender's share and up to what its queue needs
-  (``_claim``); it never waits a dwell for its static share. A model whose load is still there
-  lends below its share only to one short for ``LOAN`` rounds: lent after two, it recalled the
-  loan at its next spike (the steady load's flap);
+  (``_claim``); it never waits a dwell for its static share. A ramp -- short for ``PERSIST``
+  rounds with a deep queue and needing ``LEFT`` times its limit -- takes its whole share back
+  at once (``_ramp``): claiming one round's queue at a time, longtail's smallest model reached
+  its share 17 s into its ramp. A model whose load is still there lends below its share only
+  to one short for ``LOAN`` rounds: lent after two, it recalled the loan at its next spike (the
+  steady load's flap);
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
   rounds once its load left. Giving a steady load's memory away down to its momentary use made
   it short seconds later (8 moves a minute with a two-round window).
@@ -213,7 +216,11 @@ def plan_demand(
     old = {m.name: observed[m.name].limit_bytes for m in group.models}
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
+    fair = fair_shares(active, group.budget_bytes - pinned)
     needs, contested = needs_of(active, mems, group.budget_bytes - pinned)
+    for m in active:  # a ramp below its share: the whole share, as a static split gives it
+        if old[m.name] < fair[m.name] and _ramp(m, old[m.name], mems[m.name]):
+            needs[m.name] = max(needs[m.name], fair[m.name])
     target = targets(active, needs, group.budget_bytes - pinned)
     restored = _restore(group, active, old, target)
     if restored is not None:  # a spec change put limits above a maximum or the budget: fix that first
@@ -221,7 +228,6 @@ def plan_demand(
         return Plan(restored, shrinks, ()), Memory(now, mems)
     new = dict(old)
     free = group.budget_bytes - sum(old.values())
-    fair = fair_shares(active, group.budget_bytes - pinned)
     move = _one_move(Round(group, active, observed, target, fair, mems, now, free, default, contested))
     if move is not None:
         donor, recipient, amount = move
@@ -258,21 +264,31 @@ def _short(mem: ModelMemory) -> bool:
     return (mem.short_rounds >= PERSIST and mem.deep) or mem.surge
 
 
+def _ramp(m: ModelBudget, limit: int, mem: ModelMemory) -> bool:
+    """Short long enough with a queue deep enough, and needing ``LEFT`` times its limit: a load
+    that came. A cold model's trickle (a queue of one or two behind the one request its small
+    pool runs) needs less."""
+    return mem.short_rounds >= PERSIST and mem.deep and need(m, mem) >= LEFT * limit
+
+
 def _settled(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int) -> bool:
     """Past the dwell of its latest shrink, or its need is ``LEFT`` times its limit (a load that
     came): a model that just gave memory away takes it back from a busy one only at a change."""
     return now - mem.last_shrink > dwell or need(m, mem) >= LEFT * limit
 
 
-def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: float) -> int:
+def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: float, ramp: bool) -> int:
     """Bytes a model short below its fair share takes back within any dwell: up to its share,
-    or to what it holds and its queue would hold if that is less (0: no claim). A grant above a
+    or to what it holds and its queue would hold if that is less -- unless it ramps (``_ramp``):
+    then its share (0: no claim). A grant above a
     share is a loan while the others do not need it: held for a dwell against a model short
     below its share, it kept longtail's second model at 1.25 MiB for 8 s with ten requests
     waiting. Its queue, not its target, bounds it: a cold model's target still carries its last
     burst's working set, and one round's queue of two took a hot model's memory down to its share."""
     if limit >= fair or not _short(mem):
         return 0
+    if ramp:  # its share before the ramp's next arrivals, not one queue's bytes per two rounds
+        return fair - limit
     holds = (obs.used_bytes + (obs.waiting_requests + obs.preemptions) * (mem.per_request or default)) * HEADROOM
     return max(0, min(fair, int(holds)) - limit)
 
@@ -342,7 +358,8 @@ def _one_move(r: Round) -> tuple[str | None, str, int] | None:
         mem, obs = r.mems[recipient.name], r.observed[recipient.name]
         settled = obs.below(recipient.min_bytes) or _settled(recipient, obs.limit_bytes, mem, r.now,
                                                              r.group.dwell_rounds)  # fmt: skip
-        asks = Asks(settled, _claim(obs.limit_bytes, r.fair[recipient.name], obs, mem, r.default),
+        ramp = _ramp(recipient, obs.limit_bytes, mem)
+        asks = Asks(settled, _claim(obs.limit_bytes, r.fair[recipient.name], obs, mem, r.default, ramp),
                     mem.surge and r.contested, mem.short_rounds)  # fmt: skip
         move = _move_to(r, recipient, asks)
         if move is not None:

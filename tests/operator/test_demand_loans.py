@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvpool_operator.demand import LOAN, Memory, ModelMemory, plan_demand
+from kvpool_operator.demand import LOAN, PERSIST, Memory, ModelMemory, plan_demand
 from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation, Plan
 
 from tests.operator.demand_rounds import MiB, run, three_models, two_models
@@ -96,3 +96,14 @@ def test_a_short_model_held_by_its_dwell_does_not_hold_back_another_short_model(
     result, _ = plan_demand(group, observed, memory)
     assert isinstance(result, Plan)
     assert (result.grows, result.shrinks) == (("b",), ("c",))
+
+
+def test_a_ramp_below_its_share_takes_the_whole_share_back_not_a_queue_at_a_time() -> None:
+    """The long-tail benchmark's smallest model: lent down to one request's room, then its ramp --
+    claiming what each round's queue would hold, it reached its share 17 s after the ramp began
+    (3x static's p99). Short for ``PERSIST`` rounds and needing twice its limit, b takes its
+    whole share back in one move; a queue of three behind two requests is no burst (``SURGE``)."""
+    group = GroupPolicy(64 * MiB, (ModelBudget("a", 2 * MiB, 62 * MiB), ModelBudget("b", 2 * MiB, 62 * MiB)),
+                        hysteresis_bytes=2 * MiB, max_step_bytes=64 * MiB, dwell_rounds=8)  # fmt: skip
+    limits, _, _ = run(group, {"a": 30, "b": 5}, PERSIST, {"a": 60 * MiB, "b": 4 * MiB})
+    assert limits == {"a": 32 * MiB, "b": 32 * MiB}
