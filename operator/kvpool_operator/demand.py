@@ -34,9 +34,9 @@ within a round or two: the dwell separates noise from a change of load.
   a static split gives it) is a loan: a model short below its share takes it back within any
   dwell, its own or the lender's, down to the lender's share and up to what its queue needs
   (``_claim``); it never waits a dwell for its static share. A ramp -- short for ``PERSIST``
-  rounds with a deep queue and needing ``LEFT`` times its limit -- takes its whole share back
-  at once (``_ramp``): claiming one round's queue at a time, longtail's smallest model reached
-  its share 17 s into its ramp. A model whose load is still there lends below its share only
+  rounds with a deep queue that would now hold ``LEFT`` times its limit -- takes its whole share
+  back at once (``_ramp``): claiming one round's queue at a time, longtail's smallest model
+  reached its share 17 s into its ramp. A model whose load is still there lends below its share only
   to one short for ``LOAN`` rounds: lent after two, it recalled the loan at its next spike (the
   steady load's flap);
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
@@ -219,7 +219,7 @@ def plan_demand(
     fair = fair_shares(active, group.budget_bytes - pinned)
     needs, contested = needs_of(active, mems, group.budget_bytes - pinned)
     for m in active:  # a ramp below its share: the whole share, as a static split gives it
-        if old[m.name] < fair[m.name] and _ramp(m, old[m.name], mems[m.name]):
+        if old[m.name] < fair[m.name] and _ramp(observed[m.name], mems[m.name], default):
             needs[m.name] = max(needs[m.name], fair[m.name])
     target = targets(active, needs, group.budget_bytes - pinned)
     restored = _restore(group, active, old, target)
@@ -264,11 +264,18 @@ def _short(mem: ModelMemory) -> bool:
     return (mem.short_rounds >= PERSIST and mem.deep) or mem.surge
 
 
-def _ramp(m: ModelBudget, limit: int, mem: ModelMemory) -> bool:
-    """Short long enough with a queue deep enough, and needing ``LEFT`` times its limit: a load
-    that came. A cold model's trickle (a queue of one or two behind the one request its small
-    pool runs) needs less."""
-    return mem.short_rounds >= PERSIST and mem.deep and need(m, mem) >= LEFT * limit
+def _holds(obs: Observation, mem: ModelMemory, default: float) -> float:
+    """What it holds and its queue would hold now (with headroom)."""
+    return (obs.used_bytes + (obs.waiting_requests + obs.preemptions) * (mem.per_request or default)) * HEADROOM
+
+
+def _ramp(obs: Observation, mem: ModelMemory, default: float) -> bool:
+    """Short long enough with a queue deep enough, and its queue now would hold ``LEFT`` times
+    its limit: a load that came. A cold model's trickle (a queue of one behind the one or two
+    requests its small pool runs) holds less; so does a model whose burst just left -- its need
+    (``need``) still carries the burst's working set, and claiming on it took a share back from
+    the next burst for one round and returned it the next."""
+    return mem.short_rounds >= PERSIST and mem.deep and _holds(obs, mem, default) >= LEFT * obs.limit_bytes
 
 
 def _settled(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int) -> bool:
@@ -277,7 +284,7 @@ def _settled(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int)
     return now - mem.last_shrink > dwell or need(m, mem) >= LEFT * limit
 
 
-def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: float, ramp: bool) -> int:
+def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: float) -> int:
     """Bytes a model short below its fair share takes back within any dwell: up to its share,
     or to what it holds and its queue would hold if that is less -- unless it ramps (``_ramp``):
     then its share (0: no claim). A grant above a
@@ -287,10 +294,9 @@ def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: f
     burst's working set, and one round's queue of two took a hot model's memory down to its share."""
     if limit >= fair or not _short(mem):
         return 0
-    if ramp:  # its share before the ramp's next arrivals, not one queue's bytes per two rounds
+    if _ramp(obs, mem, default):  # its share before the ramp's next arrivals, not a queue's bytes per two rounds
         return fair - limit
-    holds = (obs.used_bytes + (obs.waiting_requests + obs.preemptions) * (mem.per_request or default)) * HEADROOM
-    return max(0, min(fair, int(holds)) - limit)
+    return max(0, min(fair, int(_holds(obs, mem, default))) - limit)
 
 
 @dataclass(frozen=True)
@@ -358,8 +364,7 @@ def _one_move(r: Round) -> tuple[str | None, str, int] | None:
         mem, obs = r.mems[recipient.name], r.observed[recipient.name]
         settled = obs.below(recipient.min_bytes) or _settled(recipient, obs.limit_bytes, mem, r.now,
                                                              r.group.dwell_rounds)  # fmt: skip
-        ramp = _ramp(recipient, obs.limit_bytes, mem)
-        asks = Asks(settled, _claim(obs.limit_bytes, r.fair[recipient.name], obs, mem, r.default, ramp),
+        asks = Asks(settled, _claim(obs.limit_bytes, r.fair[recipient.name], obs, mem, r.default),
                     mem.surge and r.contested, mem.short_rounds)  # fmt: skip
         move = _move_to(r, recipient, asks)
         if move is not None:

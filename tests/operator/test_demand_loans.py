@@ -107,3 +107,20 @@ def test_a_ramp_below_its_share_takes_the_whole_share_back_not_a_queue_at_a_time
                         hysteresis_bytes=2 * MiB, max_step_bytes=64 * MiB, dwell_rounds=8)  # fmt: skip
     limits, _, _ = run(group, {"a": 30, "b": 5}, PERSIST, {"a": 60 * MiB, "b": 4 * MiB})
     assert limits == {"a": 32 * MiB, "b": 32 * MiB}
+
+
+def test_a_model_whose_burst_just_left_claims_its_queue_not_its_share() -> None:
+    """b's working set and need still carry the burst it just served; a queue of one behind its
+    four requests is no ramp: it claims room for that queue, not its share back from a's burst
+    (claimed on its need, b took 3 MiB from the next burst for one round and gave it back)."""
+    group = two_models(dwell=8)
+    mib = float(MiB)
+    memory = Memory(5, {"a": ModelMemory(last_grow=4, per_request=2 * mib, finished_seen=10),
+                        "b": ModelMemory(need_ewma=40 * mib, recent_used=(40 * mib,) * 4 + (8 * mib,),
+                                         per_request=2 * mib, short_rounds=PERSIST, waiting_ewma=3, deep=True,
+                                         finished_seen=10)})  # fmt: skip
+    observed = {"a": Observation(56 * MiB, 56 * MiB, running_requests=28, finished_total=30),
+                "b": Observation(8 * MiB, 8 * MiB, 1, running_requests=4, finished_total=14)}  # fmt: skip
+    result, _ = plan_demand(group, observed, memory)
+    assert isinstance(result, Plan)
+    assert 8 * MiB < result.limits["b"] <= 12 * MiB
