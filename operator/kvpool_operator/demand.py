@@ -36,9 +36,9 @@ within a round or two: the dwell separates noise from a change of load.
   (``_claim``); it never waits a dwell for its static share. A ramp -- short for ``PERSIST``
   rounds with a deep queue that would now hold ``LEFT`` times its limit -- takes its whole share
   back at once (``_ramp``): claiming one round's queue at a time, longtail's smallest model
-  reached its share 17 s into its ramp. A model whose load is still there lends below its share only
-  to one short for ``LOAN`` rounds: lent after two, it recalled the loan at its next spike (the
-  steady load's flap);
+  reached its share 17 s into its ramp. A model whose load is still there lends below its share
+  only to one short for ``LOAN`` rounds: lent after two, it recalled the loan at its next spike
+  (the steady load's flap);
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
   rounds once its load left. Giving a steady load's memory away down to its momentary use made
   it short seconds later (8 moves a minute with a two-round window).
@@ -287,11 +287,11 @@ def _settled(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int)
 def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: float) -> int:
     """Bytes a model short below its fair share takes back within any dwell: up to its share,
     or to what it holds and its queue would hold if that is less -- unless it ramps (``_ramp``):
-    then its share (0: no claim). A grant above a
-    share is a loan while the others do not need it: held for a dwell against a model short
-    below its share, it kept longtail's second model at 1.25 MiB for 8 s with ten requests
-    waiting. Its queue, not its target, bounds it: a cold model's target still carries its last
-    burst's working set, and one round's queue of two took a hot model's memory down to its share."""
+    then its share (0: no claim). A grant above a share is a loan while the others do not need
+    it: held for a dwell against a model short below its share, it kept longtail's second model
+    at 1.25 MiB for 8 s with ten requests waiting. Its queue, not its target, bounds it: a cold
+    model's target still carries its last burst's working set, and one round's queue of two took
+    a hot model's memory down to its share."""
     if limit >= fair or not _short(mem):
         return 0
     if _ramp(obs, mem, default):  # its share before the ramp's next arrivals, not a queue's bytes per two rounds
