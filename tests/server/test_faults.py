@@ -175,7 +175,11 @@ def test_an_engine_killed_mid_operation_fails_its_clients_fast_and_stops_the_pod
         left = sorted(tmp_path.glob(TIER_FILES))
         assert reap_stale(tmp_path) == left
         assert list(tmp_path.glob(TIER_FILES)) == []
-    finally:
-        if launcher.poll() is None:
+    finally:  # a failed check kills the whole pod: SIGKILL gives the launcher no chance to stop
+        if launcher.poll() is None:  # its servers, and a failed CI run left them running
+            tree = psutil.Process(launcher.pid).children(recursive=True)
             launcher.kill()
             launcher.wait()
+            for proc in tree:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
