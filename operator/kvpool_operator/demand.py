@@ -33,12 +33,10 @@ within a round or two: the dwell separates noise from a change of load.
 * a grant above a model's fair share (the budget water-filled by weight up to every maximum, what
   a static split gives it) is a loan: a model short below its share takes it back within any
   dwell, its own or the lender's, down to the lender's share and up to what its queue needs
-  (``_claim``); it never waits a dwell for its static share. A ramp -- short for ``PERSIST``
-  rounds with a deep queue that would now hold ``LEFT`` times its limit -- takes its whole share
-  back at once (``_ramp``): claiming one round's queue at a time, longtail's smallest model
-  reached its share 17 s into its ramp. A model whose load is still there lends below its share
+  (``_claim``); it never waits a dwell for its static share, and a ramp (``ModelMemory.ramp``)
+  takes its whole share back at once. A model whose load is still there lends below its share
   only to one short for ``LOAN`` rounds: lent after two, it recalled the loan at its next spike
-  (the steady load's flap);
+  (a flap);
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
   rounds once its load left. Giving a steady load's memory away down to its momentary use made
   it short seconds later (8 moves a minute with a two-round window).
@@ -95,6 +93,7 @@ class ModelMemory:
     waiting_ewma: float = 0.0  #: requests waiting (and preempted), smoothed
     deep: bool = False  #: ``waiting_ewma`` at ``QUEUE`` or at what runs (a small model's queue of 1-2 doubles its wait)
     surge: bool = False  #: short this round with a burst's queue (``SURGE``)
+    ramp: bool = False  #: short ``PERSIST`` rounds, deep, its queue now would hold ``LEFT`` x its limit
     quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
     finished_seen: int | None = None  #: the engine's finished-requests counter last round (None: not yet read)
     recent_finished: tuple[int, ...] = ()  #: requests finished in each of the latest rounds (the dwell)
@@ -150,8 +149,11 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     surge = short and obs.waiting_requests + obs.preemptions >= SURGE
     quiet = prev.quiet_rounds + 1 if idle else 0
     deep = queue >= min(QUEUE, max(1, obs.running_requests))
+    # a load that came: judged on the queue now, not on the need, which still carries a burst that
+    # just left (judged on that, a model took a share from the next burst for a round and gave it back)
+    ramp = streak >= PERSIST and deep and wanted * HEADROOM >= LEFT * obs.limit_bytes
     return replace(prev, need_ewma=need, recent_used=recent, per_request=per, short_rounds=streak,
-                   waiting_ewma=queue, deep=deep, surge=surge, quiet_rounds=quiet,
+                   waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp, quiet_rounds=quiet,
                    finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
 
 
@@ -176,7 +178,9 @@ def needs_of(models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget:
     round with a burst (``SURGE``), a model whose load looked gone for a round needs only what it
     holds: its working set over the dwell and its need's EWMA still carry the burst it just
     served, and held its target -- and so the new burst's -- at the old split for a second round
-    of each phase of alternating bursts."""
+    of each phase of alternating bursts. A ramp (``ModelMemory.ramp``) needs at least its fair
+    share, as a static split gives it: claiming a round's queue at a time, longtail's smallest
+    model reached its share 17 s into its ramp."""
     needs = {m.name: need(m, mems[m.name]) for m in models}
     contested = sum(needs.values()) > budget
     if contested and any(mems[m.name].surge for m in models):
@@ -185,6 +189,10 @@ def needs_of(models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget:
             if mem.quiet_rounds >= 1 and not mem.quiet:
                 lately = mem.recent_used[-1]
                 needs[m.name] = need(m, replace(mem, recent_used=(lately,), need_ewma=lately))
+    fair = fair_shares(models, budget)
+    for m in models:
+        if mems[m.name].ramp:
+            needs[m.name] = max(needs[m.name], fair[m.name])
     return needs, contested
 
 
@@ -216,11 +224,7 @@ def plan_demand(
     old = {m.name: observed[m.name].limit_bytes for m in group.models}
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
-    fair = fair_shares(active, group.budget_bytes - pinned)
     needs, contested = needs_of(active, mems, group.budget_bytes - pinned)
-    for m in active:  # a ramp below its share: the whole share, as a static split gives it
-        if old[m.name] < fair[m.name] and _ramp(observed[m.name], mems[m.name], default):
-            needs[m.name] = max(needs[m.name], fair[m.name])
     target = targets(active, needs, group.budget_bytes - pinned)
     restored = _restore(group, active, old, target)
     if restored is not None:  # a spec change put limits above a maximum or the budget: fix that first
@@ -228,6 +232,7 @@ def plan_demand(
         return Plan(restored, shrinks, ()), Memory(now, mems)
     new = dict(old)
     free = group.budget_bytes - sum(old.values())
+    fair = fair_shares(active, group.budget_bytes - pinned)
     move = _one_move(Round(group, active, observed, target, fair, mems, now, free, default, contested))
     if move is not None:
         donor, recipient, amount = move
@@ -264,20 +269,6 @@ def _short(mem: ModelMemory) -> bool:
     return (mem.short_rounds >= PERSIST and mem.deep) or mem.surge
 
 
-def _holds(obs: Observation, mem: ModelMemory, default: float) -> float:
-    """What it holds and its queue would hold now (with headroom)."""
-    return (obs.used_bytes + (obs.waiting_requests + obs.preemptions) * (mem.per_request or default)) * HEADROOM
-
-
-def _ramp(obs: Observation, mem: ModelMemory, default: float) -> bool:
-    """Short long enough with a queue deep enough, and its queue now would hold ``LEFT`` times
-    its limit: a load that came. A cold model's trickle (a queue of one behind the one or two
-    requests its small pool runs) holds less; so does a model whose burst just left -- its need
-    (``need``) still carries the burst's working set, and claiming on it took a share back from
-    the next burst for one round and returned it the next."""
-    return mem.short_rounds >= PERSIST and mem.deep and _holds(obs, mem, default) >= LEFT * obs.limit_bytes
-
-
 def _settled(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int) -> bool:
     """Past the dwell of its latest shrink, or its need is ``LEFT`` times its limit (a load that
     came): a model that just gave memory away takes it back from a busy one only at a change."""
@@ -286,7 +277,7 @@ def _settled(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int)
 
 def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: float) -> int:
     """Bytes a model short below its fair share takes back within any dwell: up to its share,
-    or to what it holds and its queue would hold if that is less -- unless it ramps (``_ramp``):
+    or to what it holds and its queue would hold if that is less -- unless it ramps (``ramp``):
     then its share (0: no claim). A grant above a share is a loan while the others do not need
     it: held for a dwell against a model short below its share, it kept longtail's second model
     at 1.25 MiB for 8 s with ten requests waiting. Its queue, not its target, bounds it: a cold
@@ -294,9 +285,10 @@ def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: f
     a hot model's memory down to its share."""
     if limit >= fair or not _short(mem):
         return 0
-    if _ramp(obs, mem, default):  # its share before the ramp's next arrivals, not a queue's bytes per two rounds
+    if mem.ramp:  # its share before the ramp's next arrivals, not a queue's bytes per two rounds
         return fair - limit
-    return max(0, min(fair, int(_holds(obs, mem, default))) - limit)
+    holds = (obs.used_bytes + (obs.waiting_requests + obs.preemptions) * (mem.per_request or default)) * HEADROOM
+    return max(0, min(fair, int(holds)) - limit)
 
 
 @dataclass(frozen=True)
@@ -325,18 +317,6 @@ def _room(limit: int, target: int, fair: int, mem: ModelMemory, now: int, dwell:
     return min(above, asks.claim)
 
 
-def _wanting(
-    active: list[ModelBudget], observed: Mapping[str, Observation], target: Mapping[str, int],
-    mems: Mapping[str, ModelMemory],
-) -> list[ModelBudget]:  # fmt: skip
-    """Models below their minimum if any, else those short (``_short``) below their targets;
-    furthest below its target (by weight) first."""
-    below = [m for m in active if observed[m.name].below(m.min_bytes)]
-    short = [m for m in active if target[m.name] > observed[m.name].limit_bytes and _short(mems[m.name])]
-    return sorted(below or short, key=lambda m: (target[m.name] - observed[m.name].limit_bytes) * m.weight,
-                  reverse=True)  # fmt: skip
-
-
 @dataclass(frozen=True)
 class Round:
     """What every candidate move of one round is weighed against."""
@@ -356,11 +336,19 @@ class Round:
         return self.observed[name].limit_bytes
 
 
+def _wanting(r: Round) -> list[ModelBudget]:
+    """Models below their minimum if any, else those short (``_short``) below their targets;
+    furthest below its target (by weight) first."""
+    below = [m for m in r.active if r.observed[m.name].below(m.min_bytes)]
+    short = [m for m in r.active if r.target[m.name] > r.limit(m.name) and _short(r.mems[m.name])]
+    return sorted(below or short, key=lambda m: (r.target[m.name] - r.limit(m.name)) * m.weight, reverse=True)
+
+
 def _one_move(r: Round) -> tuple[str | None, str, int] | None:
     """(donor or None for free budget, recipient, bytes) for the first wanting model that a move
     may serve, or None. The first in line may be held by its dwell while the next could be
     served: trying only the first starved the others for that dwell."""
-    for recipient in _wanting(r.active, r.observed, r.target, r.mems):
+    for recipient in _wanting(r):
         mem, obs = r.mems[recipient.name], r.observed[recipient.name]
         settled = obs.below(recipient.min_bytes) or _settled(recipient, obs.limit_bytes, mem, r.now,
                                                              r.group.dwell_rounds)  # fmt: skip
