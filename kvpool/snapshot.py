@@ -85,6 +85,9 @@ class PoolSnapshot:
     resizes: dict[str, int] = field(default_factory=dict)  #: count by ResizeStatus value
     offload: OffloadStats | None = None
     demand: DemandStats | None = None
+    shrink_preemptions: int = 0
+    """Requests the engine preempted to finish a deferred shrink (``preempt_after_s``); vLLM counts
+    them in ``demand.preemptions`` too, so a reader can tell them from a lack of memory."""
     schema_version: int = SCHEMA_VERSION
 
     DERIVED: ClassVar[tuple[str, ...]] = ("physical_bytes",)  #: in to_dict(), not fields

@@ -31,7 +31,7 @@ class PoolState:
     status: str  #: of that resize: applied | deferred
     running_requests: int = 0
     waiting_requests: int = 0
-    preemptions: int = 0
+    preemptions: int = 0  #: for lack of memory: vLLM's count less the pool's own, for shrinks
     page_bytes: int = 1  #: the pool holds its limit in whole pages (rounds a limit down to one)
     finished_requests: int = 0  #: a counter
 
@@ -43,12 +43,14 @@ class PoolState:
             )
         try:
             demand, pending = d.get("demand") or {}, d["pending"]
+            # the pool's own preemptions, for a shrink, are not a lack of memory
+            preemptions = int(demand.get("preemptions", 0)) - int(d.get("shrink_preemptions", 0))
             return cls(
                 limit_bytes=int(d["limit_bytes"]), mapped_bytes=int(d["mapped_bytes"]),
                 physical_bytes=int(d["physical_bytes"]), used_bytes=int(d["used_blocks"]) * int(d["block_bytes"]),
                 revision=int(pending["revision"]), status=str(pending["status"]),
                 running_requests=int(demand.get("running_requests", 0)),
-                waiting_requests=int(demand.get("waiting_requests", 0)), preemptions=int(demand.get("preemptions", 0)),
+                waiting_requests=int(demand.get("waiting_requests", 0)), preemptions=preemptions,
                 page_bytes=max(1, int(d["page_bytes"])),
                 finished_requests=int(demand.get("finished_requests", 0)),
             )  # fmt: skip
@@ -80,6 +82,6 @@ class ResizeReply:
 READS = {
     "snapshot": ["schema_version", "limit_bytes", "mapped_bytes", "physical_bytes", "used_blocks", "block_bytes",
                  "pending.revision", "pending.status", "demand.running_requests", "demand.waiting_requests",
-                 "demand.preemptions"],
+                 "demand.preemptions", "shrink_preemptions"],
     "resize": ["status", "revision", "effective_limit_bytes", "physical_bytes"],
 }  # fmt: skip

@@ -20,7 +20,7 @@ from kvpool_server.flags import AdminTokenOptions
 
 #: options that are PoolEngineConfig fields of the same name and type (copied by name)
 POOL_FIELDS = ("limit_bytes", "virtual_bytes", "block_size", "page_bytes", "tensor_parallel_size", "offload_bytes",
-               "offload_policy", "ledger_bytes", "ledger_path")  # fmt: skip
+               "offload_policy", "ledger_bytes", "ledger_path", "preempt_after_s")  # fmt: skip
 
 
 def engine_doc(name: str, example: str = "") -> str:
@@ -62,6 +62,7 @@ class ServerSettings(AdminTokenOptions):
     offload_dir: Path = Field(Path("/dev/shm"), description=engine_doc("offload_dir", "a memory-backed volume"))
     ledger_bytes: Bytes = Field(0, ge=0, description=engine_doc("ledger_bytes", "e.g. 8Gi"))
     ledger_path: str = Field("/dev/shm/kvpool-ledger", min_length=1, description=engine_doc("ledger_path"))
+    preempt_after_s: float | None = Field(0.5, ge=0, description=engine_doc("preempt_after_s"))
     max_model_len: int = Field(2048, gt=0, description="longest prompt + output in tokens")
     tensor_parallel_size: int = Field(1, ge=1, description=engine_doc("tensor_parallel_size"))
     enforce_eager: bool | None = Field(

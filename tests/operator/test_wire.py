@@ -61,6 +61,12 @@ def test_a_real_pools_snapshot_reads_into_the_operators_view() -> None:
     assert state.finished_requests == 9
 
 
+def test_preemptions_the_pool_made_for_a_shrink_are_not_read_as_a_lack_of_memory() -> None:
+    wire = {**real_snapshot(), "demand": {"running_requests": 2, "waiting_requests": 5, "preemptions": 7},
+            "shrink_preemptions": 4}  # fmt: skip
+    assert PoolState.from_json(wire).preemptions == 3
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [({"schema_version": 2}, "schema_version 2"), ({"physical_bytes": None}, "physical_bytes"),

@@ -14,7 +14,8 @@ The pool steers it through its public free queue: blocks in pages that are not b
 * shrink (resize below the mapped size, or trim): pick victim pages with the fewest used blocks,
   mark them draining; each step withholds their blocks as they become free (cached ones are
   evicted from the prefix cache first) and unmaps a page once all of its blocks are withheld.
-  Until then the resize is ``deferred``; nothing is preempted by us. With the CPU tier on, a
+  Until then the resize is ``deferred``; once it has waited ``preempt_after_s``, the engine's
+  scheduler preempts the requests that hold those blocks (:mod:`.preemption`). With the CPU tier on, a
   cached block dropped this way is *demoted*: its copy stays in the tier (vLLM's offloading
   stores every full prompt block as it is computed), so its prefix is a tier hit afterwards. A
   block that this step's store jobs still read is not withheld until a later step.
@@ -29,6 +30,8 @@ from __future__ import annotations
 import collections
 import logging
 import queue
+import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from kvpool.control.messages import Check, ControlRequest, Reply, Resize, Snapshot, Trim
@@ -56,9 +59,10 @@ class SchedulerSide:
     """Page decisions for one engine (all tensor-parallel ranks get the same commands)."""
 
     def __init__(
-        self, settings: ConnectorSettings, geometry: Geometry, grow_ahead: int, tier: TierView | None = None
-    ) -> None:
-        self.settings, self.geometry = settings, geometry
+        self, settings: ConnectorSettings, geometry: Geometry, grow_ahead: int, tier: TierView | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:  # fmt: skip
+        self.settings, self.geometry, self.clock = settings, geometry, clock
         self.page_bytes = geometry.page_physical_bytes
         # floor 1 page: page 0 holds vLLM's null block and is never released
         self.limit = Limit(settings.limit_bytes, self.page_bytes, geometry.total_bytes, floor_pages=1)
@@ -76,6 +80,8 @@ class SchedulerSide:
         self.tier = tier
         self.demoted = 0  #: cached blocks dropped by shrinks whose copy the tier holds
         self._busy: set[int] = set()  #: blocks this step's tier stores read: not withheld yet
+        self._deferred_at = 0.0  #: when the pending resize was deferred (``self.clock``)
+        self.shrink_preemptions = 0  #: requests the scheduler preempted for a deferred shrink
 
     # ---- binding ----------------------------------------------------------------------------
 
@@ -157,7 +163,25 @@ class SchedulerSide:
             self._drain()
             self._settle()
             self.limit.accepted()
+            self._deferred_at = self.clock()
         return self.limit.result(verdict, self._physical_pages())
+
+    def shrink_waits_for(self) -> set[int]:
+        """The used blocks in draining pages, once a shrink has been deferred ``preempt_after_s``
+        (empty before, or with preemption off): what the scheduler preempts requests to free."""
+        after = self.settings.preempt_after_s
+        if after is None or self.limit.pending.status is not ResizeStatus.DEFERRED:
+            return set()
+        if self.clock() - self._deferred_at < after:
+            return set()
+        bp = self.block_pool
+        return {b for p in self.draining for b in self.geometry.blocks_of(p) if bp.blocks[b].ref_cnt > 0}
+
+    def preempted(self, requests: int) -> None:
+        """The scheduler preempted ``requests`` for the shrink: withhold the blocks they freed now,
+        before the step allocates any of them again."""
+        self.shrink_preemptions += requests
+        self._drain()
 
     def trim(self) -> TrimResult:
         """Drain every page that holds no used block now (cached blocks are evicted); the pages
@@ -189,6 +213,7 @@ class SchedulerSide:
             cached_blocks=cached,
             free_blocks=len(mapped_pages) * g.blocks_per_page - used - cached - 1,
             offload=self.tier.stats(self.demoted) if self.tier else None,
+            shrink_preemptions=self.shrink_preemptions,
         )
 
     def check_integrity(self) -> None:

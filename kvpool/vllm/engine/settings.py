@@ -53,6 +53,9 @@ class ConnectorSettings:
     device; 0 = no ledger."""
     ledger_path: str = "/dev/shm/kvpool-ledger"
     """The ledger's file; each device gets its own (``<path>-dev<N>``)."""
+    preempt_after_s: float | None = 0.5
+    """A shrink deferred this long preempts the running requests that hold its pages (they
+    resume from what stays cached); ``None`` = never: pages drain as their requests finish."""
 
     def __post_init__(self) -> None:
         if self.limit_bytes < 0:
@@ -69,6 +72,8 @@ class ConnectorSettings:
             raise ConfigError(f"kvpool offload_bytes must be >= 0, got {self.offload_bytes}")
         if self.ledger_bytes < 0:
             raise ConfigError(f"kvpool ledger_bytes must be >= 0, got {self.ledger_bytes}")
+        if self.preempt_after_s is not None and not self.preempt_after_s >= 0:
+            raise ConfigError(f"kvpool preempt_after_s must be >= 0 or null, got {self.preempt_after_s}")
         if self.offload_policy not in OFFLOAD_POLICIES:
             raise ConfigError(f"kvpool offload_policy must be one of {OFFLOAD_POLICIES}, got {self.offload_policy!r}")
 
@@ -89,6 +94,9 @@ class ConnectorSettings:
             for key in ("limit_bytes", "page_bytes", "grow_ahead_blocks", "offload_bytes", "ledger_bytes"):
                 if key in raw and (not isinstance(raw[key], int) or isinstance(raw[key], bool)):
                     raise ConfigError(f"kvpool {key} must be an integer, got {raw[key]!r}")
+            after = raw.get("preempt_after_s")
+            if after is not None and (not isinstance(after, int | float) or isinstance(after, bool)):
+                raise ConfigError(f"kvpool preempt_after_s must be a number of seconds or null, got {after!r}")
             return cls(**raw)
         except ValueError as e:
             raise ConfigError(f"bad kvpool setting: {e}") from e

@@ -31,6 +31,8 @@ from kvpool.vmm.base import BackendKind
 #: where vLLM finds our connector; a string, so building flags does not import vLLM (a test
 #: keeps it equal to the class's own __module__)
 CONNECTOR = ("kvpool.vllm.engine.connector", "KVPoolConnector")
+#: the scheduler that preempts for a deferred shrink (``kvpool.vllm.engine.preemption``)
+SCHEDULER = "kvpool.vllm.engine.preemption.pool_scheduler"
 
 MiB = 1 << 20
 RESERVED_CPUS_ENV = "VLLM_CPU_NUM_OF_RESERVED_CPU"
@@ -98,6 +100,10 @@ class PoolEngineConfig:
     group's budget): a map beyond it is refused, whatever the limits; 0 = no ledger."""
     ledger_path: str = "/dev/shm/kvpool-ledger"
     """The ledger file the pools of one pod share (a memory-backed volume all of them see)."""
+    preempt_after_s: float | None = 0.5
+    """Seconds a shrink may wait for running requests to free its pages before the engine preempts
+    them (they resume from their cached prefix or the CPU tier); ``None`` (the flag's ``null``) =
+    never: pages drain as their requests finish."""
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -155,6 +161,7 @@ class PoolEngineConfig:
             "block_size": self.block_size,
             "enable_prefix_caching": True,
             "tensor_parallel_size": self.tensor_parallel_size,
+            **({"scheduler_cls": SCHEDULER} if self.preempt_after_s is not None else {}),
         }
 
     def env(self) -> dict[str, str]:
@@ -178,6 +185,7 @@ class PoolEngineConfig:
             "--block-size", str(self.block_size),
             "--enable-prefix-caching",
             "--tensor-parallel-size", str(self.tensor_parallel_size),
+            *(["--scheduler-cls", SCHEDULER] if self.preempt_after_s is not None else []),
         ]  # fmt: skip
 
 

@@ -106,6 +106,34 @@ def test_a_shrink_under_load_defers_then_applies_and_loses_no_request(engine: An
     resize(engine, 512 * MiB)
 
 
+def test_a_shrink_still_deferred_after_its_grace_preempts_and_applies_before_the_requests_end(engine: Any) -> None:
+    resize(engine, 512 * MiB)
+    batch = prompts(12, 400, seed=7)
+    expected = [c.token_ids for c in engine.generate(batch, greedy(128))]
+    before = engine.snapshot().shrink_preemptions
+    results: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: results.update(out=engine.generate(batch, greedy(128))))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while engine.snapshot().used_blocks < 100 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert resize(engine, 3 * MiB).status is ResizeStatus.DEFERRED  # 48 blocks while >= 100 are in use
+    started = time.monotonic()
+    while engine.snapshot().pending.status is ResizeStatus.DEFERRED and time.monotonic() < deadline:
+        time.sleep(0.05)
+    applied_after = time.monotonic() - started
+    running = worker.is_alive()
+    snap = engine.snapshot()
+    assert snap.pending.status is ResizeStatus.APPLIED
+    assert snap.physical_bytes <= 3 * MiB
+    assert snap.shrink_preemptions > before
+    assert running, f"the shrink applied only after every request ended ({applied_after:.1f} s)"
+    worker.join(timeout=300)
+    # preempted requests resumed and completed as they would have: the same greedy tokens
+    assert [c.token_ids for c in results["out"]] == expected
+    resize(engine, 512 * MiB)
+
+
 def test_a_request_beyond_the_limit_waits_and_completes_when_memory_is_granted(engine: Any) -> None:
     resize(engine, 2 * MiB)  # 8 pages of 4 blocks: 32 blocks, 1024 tokens in all
     results: dict[str, Any] = {}

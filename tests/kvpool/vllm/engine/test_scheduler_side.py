@@ -4,6 +4,7 @@ invariants hold after every step."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -20,12 +21,25 @@ SHAPE = ModelShape(num_layers=2, num_kv_heads=1, head_dim=64, dtype_bytes=2, blo
 PAGE = 32 << 10  # per layer region: 4 blocks per page
 
 
-def make_side(limit_pages: int = 4, pages: int = 16, grow_ahead: int = 4) -> SchedulerSide:
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_side(
+    limit_pages: int = 4, pages: int = 16, grow_ahead: int = 4, preempt_after_s: float | None = 0.5,
+    clock: Clock | None = None,
+) -> SchedulerSide:  # fmt: skip
     from vllm.v1.core.block_pool import BlockPool
 
     geo = Geometry(SHAPE, KVLayout.PER_LAYER, num_blocks=pages * 4, page_bytes=PAGE)
-    settings = ConnectorSettings(limit_bytes=limit_pages * geo.page_physical_bytes, page_bytes=PAGE)
-    side = SchedulerSide(settings, geo, grow_ahead=grow_ahead)
+    settings = ConnectorSettings(
+        limit_bytes=limit_pages * geo.page_physical_bytes, page_bytes=PAGE, preempt_after_s=preempt_after_s
+    )
+    side = SchedulerSide(settings, geo, grow_ahead=grow_ahead, clock=clock or Clock())
     side.bind(BlockPool(num_gpu_blocks=geo.num_blocks, enable_caching=True, hash_block_size=32))
     return side
 
@@ -98,6 +112,41 @@ def test_a_shrink_below_used_pages_is_deferred_until_their_blocks_free() -> None
     side.check_integrity()
 
 
+def test_a_deferred_shrink_names_the_blocks_to_preempt_once_its_grace_is_over() -> None:
+    clock = Clock()
+    side = make_side(limit_pages=8, grow_ahead=28, preempt_after_s=0.5, clock=clock)
+    run_step(side)
+    bp = side.block_pool
+    held = bp.get_new_blocks(bp.get_num_free_blocks())  # every mapped block in use
+    assert side.resize(2 * side.page_bytes, revision=1).status is ResizeStatus.DEFERRED
+    clock.now += 0.4
+    assert side.shrink_waits_for() == set()  # within the grace: pages drain as requests finish
+    clock.now += 0.2
+    waited = side.shrink_waits_for()
+    draining = {b for p in side.draining for b in side.geometry.blocks_of(p)}
+    assert waited == draining  # every used block of every draining page
+    assert len(waited) >= 4
+    bp.free_blocks([blk for blk in held if blk.block_id in waited])  # what the preemption frees
+    side.preempted(2)
+    assert waited <= side.withheld  # withheld at once: the step that follows cannot reuse them
+    run_step(side, demand=False)
+    snap = side.snapshot()
+    assert (snap.pending.status, snap.shrink_preemptions) == (ResizeStatus.APPLIED, 2)
+    assert side.shrink_waits_for() == set()
+
+
+def test_without_a_grace_a_deferred_shrink_never_asks_for_preemption() -> None:
+    clock = Clock()
+    side = make_side(limit_pages=8, grow_ahead=28, preempt_after_s=None, clock=clock)
+    run_step(side)
+    bp = side.block_pool
+    bp.get_new_blocks(bp.get_num_free_blocks())
+    assert side.resize(2 * side.page_bytes, revision=1).status is ResizeStatus.DEFERRED
+    clock.now += 3600
+    assert side.shrink_waits_for() == set()
+    assert side.snapshot().pending.status is ResizeStatus.DEFERRED
+
+
 def test_trim_releases_idle_pages_and_evicts_their_cached_blocks() -> None:
     side = make_side(limit_pages=8, grow_ahead=28)
     run_step(side)
@@ -150,6 +199,8 @@ def settings_cases() -> list[tuple[dict[str, Any], str]]:
         ({"limit_bytes": 1, "page_bytes": 65536, "backend": "tpu"}, "bad kvpool setting"),
         ({"limit_bytes": 1, "page_bytes": 65536, "offload_policy": "fifo"}, "offload_policy must be one of"),
         ({"limit_bytes": 1, "backend": "cuda", "page_bytes": 65536}, "multiple of 2 MiB"),
+        ({"limit_bytes": 1, "page_bytes": 65536, "preempt_after_s": "soon"}, "preempt_after_s must be a number"),
+        ({"limit_bytes": 1, "page_bytes": 65536, "preempt_after_s": -1}, "preempt_after_s must be >= 0"),
     ]
 
 
@@ -162,6 +213,8 @@ def test_bad_connector_settings_name_the_key(raw: dict[str, Any], message: str) 
 def test_settings_round_trip_through_the_connector_json() -> None:
     s = ConnectorSettings(limit_bytes=1 << 20, page_bytes=PAGE, control_address="kvpool-x", model="m")
     assert ConnectorSettings.from_extra(s.to_extra()) == s
+    never = ConnectorSettings(limit_bytes=1 << 20, page_bytes=PAGE, preempt_after_s=None)
+    assert ConnectorSettings.from_extra(json.loads(json.dumps(never.to_extra()))) == never
 
 
 def test_a_waiting_request_larger_than_the_margin_gets_all_its_pages_in_one_step() -> None:

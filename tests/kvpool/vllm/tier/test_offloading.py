@@ -98,6 +98,29 @@ def test_a_shrink_demotes_cached_blocks_and_their_prefix_is_a_tier_hit(engine: A
     assert again.num_cached_tokens == PROMPT_BLOCKS * BLOCK_TOKENS
 
 
+def test_requests_preempted_for_a_shrink_resume_from_the_tier_with_identical_output(engine: Any) -> None:
+    import threading
+
+    batch = [fresh_prompt()[: 12 * BLOCK_TOKENS] for _ in range(8)]  # 8 x 12 blocks + output: ~6 MiB
+    expected = [c.token_ids for c in engine.generate(batch, greedy(96))]
+    engine.trim()  # the batch's cached prefixes are gone from the pool; the tier holds them
+    before, shrunk_before = tier(engine), engine.snapshot().shrink_preemptions
+    out: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: out.update(got=engine.generate(batch, greedy(96))))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while engine.snapshot().used_blocks < 80 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.resize(2 << 20, next(_revision)).status is ResizeStatus.DEFERRED  # 32 blocks
+    shrunk = settled(engine)  # the engine preempted the requests that held the drained pages
+    assert shrunk.shrink_preemptions > shrunk_before
+    assert worker.is_alive(), "the shrink applied only once every request had ended"
+    engine.resize(TIER_LIMIT, next(_revision))
+    worker.join(timeout=300)
+    assert [c.token_ids for c in out["got"]] == expected
+    assert tier(engine).hits > before.hits  # their prompts came back from host memory
+
+
 def test_the_engine_really_reads_the_tier_corrupt_copies_change_the_output(engine: Any) -> None:
     target = fresh_prompt()
     first = engine.generate([target], greedy(16))[0]
