@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 MiB = 1 << 20
-COLUMNS = ("ttft_p50_s", "ttft_p99_s", "latency_p99_s", "throughput_tok_s", "preemptions", "failed",
-           "resizes_per_model_min", "mib_mapped")  # fmt: skip
+COLUMNS = ("ttft_p50_s", "ttft_p99_s", "latency_p99_s", "throughput_tok_s", "preemptions", "shrink_preemptions",
+           "failed", "resizes_per_model_min", "mib_mapped")  # fmt: skip
 
 
 def pct(values: list[float], q: float) -> float:
@@ -33,6 +33,8 @@ def summarize(run: dict[str, Any], model: str | None) -> dict[str, float]:
         "ttft_p50_s": pct(ttft, 0.5), "ttft_p99_s": pct(ttft, 0.99), "latency_p99_s": pct(lat, 0.99),
         "throughput_tok_s": sum(o["tokens"] for o in ok) / run["wall_s"],
         "preemptions": sum(run["final"][m]["demand"]["preemptions"] for m in models),
+        # of them, made to finish a shrink (preempt_after_s), not for lack of memory
+        "shrink_preemptions": sum(run["final"][m].get("shrink_preemptions", 0) for m in models),
         "resizes_per_model_min": len(resizes) / len(models) / (run["wall_s"] / 60),
         "mib_mapped": mapped / MiB,
         "tier_hits": sum((run["final"][m].get("offload") or {}).get("hits", 0) for m in models),
