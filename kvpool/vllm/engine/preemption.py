@@ -49,7 +49,7 @@ class ShrinkPreemption(Scheduler):
         for request in reversed(list(self.running)):
             if not waited:
                 break
-            if not self._holds_any(request, waited) or not self._request_blocks_can_be_freed(request):
+            if not self._holds_any(request, waited) or not self._preemptible(request, side):
                 continue
             self.running.remove(request)
             # as reset_prefix_cache does: a request preempted and resumed within one schedule() must
@@ -59,6 +59,10 @@ class ShrinkPreemption(Scheduler):
             count += 1
             waited = {b for b in waited if blocks[b].ref_cnt > 0}
         side.preempted(count)  # withholds the freed blocks before this step allocates
+
+    def _preemptible(self, request: Request, side: SchedulerSide) -> bool:
+        # blocks a step in flight may still write, or a tier load is writing: a later step's turn
+        return self._request_blocks_can_be_freed(request) and side.may_preempt(request.request_id)
 
     def _holds_any(self, request: Request, blocks: set[int]) -> bool:
         return any(b in blocks for group in self.kv_cache_manager.get_block_ids(request.request_id) for b in group)

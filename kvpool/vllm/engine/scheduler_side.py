@@ -50,6 +50,8 @@ class TierView(Protocol):
 
     def held(self, block_hash: bytes) -> bool: ...
 
+    def loading(self, request_id: str) -> bool: ...
+
     def stats(self, demoted: int) -> OffloadStats: ...
 
     def check(self) -> None: ...
@@ -176,6 +178,10 @@ class SchedulerSide:
             return set()
         bp = self.block_pool
         return {b for p in self.draining for b in self.geometry.blocks_of(p) if bp.blocks[b].ref_cnt > 0}
+
+    def may_preempt(self, request_id: str) -> bool:
+        """Not while the CPU tier loads into the request's blocks (it would write freed blocks)."""
+        return not (self.tier and self.tier.loading(request_id))
 
     def preempted(self, requests: int) -> None:
         """The scheduler preempted ``requests`` for the shrink: withhold the blocks they freed now,

@@ -114,6 +114,14 @@ class Tier:
                       len(output.invalid_block_ids))  # fmt: skip
             self.connector.reset_cache()
 
+    def loading(self, request_id: str) -> bool:
+        """Is a load from the tier into this request's blocks still in flight? (vLLM's offloading
+        scheduler flushes a preempted request's stores, but asserts it has no load: the load would
+        write blocks the preemption freed.)"""
+        sched: Any = self.connector.scheduler
+        status = sched._req_status.get(request_id)
+        return status is not None and any(not sched._jobs[j].is_store for j in status.transfer_jobs)
+
     def held(self, block_hash: bytes) -> bool:
         """Does the tier hold (or is it storing) this block? (vLLM's block hash with its group
         id is the offload key of group 0.)"""

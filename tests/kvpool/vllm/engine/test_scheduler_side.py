@@ -135,6 +135,30 @@ def test_a_deferred_shrink_names_the_blocks_to_preempt_once_its_grace_is_over() 
     assert side.shrink_waits_for() == set()
 
 
+class LoadingTier:
+    """The TierView seam: a tier loading into one request's blocks."""
+
+    def held(self, block_hash: bytes) -> bool:
+        return False
+
+    def loading(self, request_id: str) -> bool:
+        return request_id == "loading"
+
+    def stats(self, demoted: int) -> Any:
+        return None
+
+    def check(self) -> None:
+        return None
+
+
+def test_a_request_the_tier_is_loading_into_is_not_preempted() -> None:
+    side = make_side()
+    assert side.may_preempt("anything")
+    side.tier = LoadingTier()
+    assert not side.may_preempt("loading")
+    assert side.may_preempt("decoding")
+
+
 def test_without_a_grace_a_deferred_shrink_never_asks_for_preemption() -> None:
     clock = Clock()
     side = make_side(limit_pages=8, grow_ahead=28, preempt_after_s=None, clock=clock)
