@@ -14,7 +14,8 @@ vLLM has no connector hook that preempts, so this is a scheduler (vLLM's ``--sch
 :func:`pool_scheduler` builds one of the class vLLM would have used itself (async scheduling on
 GPUs, sync on the CPU backend -- vLLM decides that after the flags are read, so one name serves
 both). Before each step it asks the pool which blocks a due shrink waits for, preempts their
-holders, and lets the pool withhold the freed blocks before the step allocates any.
+holders, lets the pool withhold the freed blocks before the step allocates any, and keeps the
+preempted requests out of that step.
 """
 
 from __future__ import annotations
@@ -35,15 +36,23 @@ class ShrinkPreemption(Scheduler):
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         side = getattr(self.connector, "scheduler", None)
-        if isinstance(side, SchedulerSide):
-            self._preempt_for(side)
-        return super().schedule(*args, **kwargs)
+        victims = self._preempt_for(side) if isinstance(side, SchedulerSide) else []
+        if not victims:
+            return super().schedule(*args, **kwargs)
+        # Like vLLM's own preemption, a request preempted in a step is not resumed in it: vLLM's
+        # offloading connector would see a load planned for a request it is told was preempted.
+        self.waiting.remove_requests(victims)
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            for request in victims:  # newest first: the oldest ends at the head of the queue
+                self.waiting.prepend_request(request)
 
-    def _preempt_for(self, side: SchedulerSide) -> None:
+    def _preempt_for(self, side: SchedulerSide) -> list[Request]:
         waited = side.shrink_waits_for()
         if not waited:
-            return
-        now, count = time.monotonic(), 0
+            return []
+        now, victims = time.monotonic(), []
         blocks = self.kv_cache_manager.block_pool.blocks
         # newest first, as vLLM picks its own victims: the least work lost, the oldest finish first
         for request in reversed(list(self.running)):
@@ -52,13 +61,12 @@ class ShrinkPreemption(Scheduler):
             if not self._holds_any(request, waited) or not self._preemptible(request, side):
                 continue
             self.running.remove(request)
-            # as reset_prefix_cache does: a request preempted and resumed within one schedule() must
-            # not have the output of a step it was in delivered out of order
             self._preempt_request(request, now, drop_stale_output=True)
             self.prev_step_scheduled_req_ids.discard(request.request_id)
-            count += 1
+            victims.append(request)
             waited = {b for b in waited if blocks[b].ref_cnt > 0}
-        side.preempted(count)  # withholds the freed blocks before this step allocates
+        side.preempted(len(victims))  # withholds the freed blocks before this step allocates
+        return victims
 
     def _preemptible(self, request: Request, side: SchedulerSide) -> bool:
         # blocks a step in flight may still write, or a tier load is writing: a later step's turn
