@@ -29,7 +29,7 @@ import psutil
 from kvpool_operator.pools import Endpoint
 
 from bench.colocation_calibrate import Capacity, calibrate
-from bench.colocation_configs import POLICIES, Config, Running, Setup, configs, controller, start_servers
+from bench.colocation_configs import POLICIES, VARIANTS, Config, Running, Setup, configs, controller, start_servers
 from bench.colocation_report import report
 from bench.colocation_workload import WORKLOADS, Shape, Workload, bursts, drive, longtail, schedule, steady
 from bench.common import RESULTS
@@ -142,13 +142,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--interval", type=float, default=1.0, help="rebalance interval (s)")
     ap.add_argument("--dwell", type=float, default=8.0, help="demand policy: minimum dwell (s)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
-    ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
+    ap.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help=f"comma-separated, of {', '.join(POLICIES + VARIANTS)} (the last: only when named)",
+    )
     ap.add_argument("--tier", choices=["both", "off", "on"], default="both", help="CPU tier in the configurations")
     ap.add_argument("--out", type=Path, default=None,
                     help=f"JSON and PNGs (default: {RESULTS}/ for the full run, {PARTIAL}/ for a subset: "
                          "a subset never replaces the run of record)")  # fmt: skip
     args = ap.parse_args(argv)
-    for flag, got, allowed in (("--policies", args.policies, POLICIES), ("--workloads", args.workloads, WORKLOADS)):
+    for flag, got, allowed in (("--policies", args.policies, POLICIES + VARIANTS),
+                               ("--workloads", args.workloads, WORKLOADS)):  # fmt: skip
         if bad := [x for x in got.split(",") if x not in allowed]:
             ap.error(f"{flag}: {bad} not among {list(allowed)}")
     full = (args.workloads, args.policies, args.tier) == (",".join(WORKLOADS), ",".join(POLICIES), "both")

@@ -7,6 +7,9 @@
   (kvcached unmaps pages as their blocks free), so memory goes to whoever maps first.
 * ``proportional``: the operator's previous policy (``spec.rebalance.policy: proportional``).
 * ``demand``: the operator's new policy (``kvpool_operator.demand``, the default).
+* ``demand-drain`` (only when asked for): ``demand`` with the servers' ``--preempt-after-s null``
+  -- a shrink waits for the donor's running requests to finish instead of preempting them; the
+  side-by-side measure of preemption on shrink.
 
 Both policies run the operator's own round code (``kvpool_operator.balance.Balancer``, shrinks
 first, grants within headroom) over the admin API, without Kubernetes. Each configuration runs
@@ -35,20 +38,23 @@ from kvpool_operator.spec import GroupSpec, parse_group
 from bench.servers import free_port, start
 
 POLICIES = ("static", "free", "proportional", "demand")
+DRAIN = "-drain"  #: a policy's variant whose shrinks never preempt (not in the default run)
+VARIANTS = ("demand" + DRAIN,)
 
 
 @dataclass(frozen=True)
 class Config:
     policy: str  #: one of POLICIES
     tier: bool
+    preempt: bool = True  #: shrinks preempt after the servers' default --preempt-after-s
 
     @property
     def name(self) -> str:
-        return self.policy + ("+tier" if self.tier else "")
+        return self.policy + ("" if self.preempt else DRAIN) + ("+tier" if self.tier else "")
 
 
 def configs(policies: list[str]) -> list[Config]:
-    return [Config(p, tier) for tier in (False, True) for p in policies]
+    return [Config(p.removesuffix(DRAIN), tier, not p.endswith(DRAIN)) for tier in (False, True) for p in policies]
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,8 @@ def server_cmd(setup: Setup, cfg: Config, name: str, ports: tuple[int, int], n_m
            "--virtual-bytes", str(setup.budget), "--max-model-len", "2048"]  # fmt: skip
     if cfg.policy == "free":
         cmd += ["--ledger-bytes", str(setup.budget), "--ledger-path", str(tmp / "ledger")]
+    if not cfg.preempt:
+        cmd += ["--preempt-after-s", "null"]
     if cfg.tier:
         cmd += ["--offload-bytes", str(setup.offload_bytes), "--offload-dir", str(tmp)]
     return cmd

@@ -73,6 +73,18 @@ def test_only_the_free_for_all_gets_the_whole_budget_and_the_ledger() -> None:
     assert Config("demand", True).name == "demand+tier"
 
 
+def test_the_drain_variant_runs_the_demand_policy_on_servers_that_never_preempt() -> None:
+    from pathlib import Path
+
+    setup = Setup("/m", "host", 16 * MiB, 32 * MiB, 1.0, 4.0)
+    drain, demand = configs(["demand-drain", "demand"])[:2]
+    assert (drain.policy, drain.name, demand.name) == ("demand", "demand-drain", "demand")
+    cmd = server_cmd(setup, drain, "a", (8000, 8100), 2, Path("/tmp/x"))
+    assert cmd[cmd.index("--preempt-after-s") + 1] == "null"
+    assert "--preempt-after-s" not in server_cmd(setup, demand, "a", (8000, 8100), 2, Path("/tmp/x"))
+    assert parse(["--policies", "static,demand-drain"]).out == PARTIAL
+
+
 def fake_run(ttfts: dict[str, list[float]], resizes: int = 0) -> dict[str, Any]:
     outcomes = [{"model": m, "ok": True, "ttft_s": t, "latency_s": t + 1, "tokens": 10} for m, ts in ttfts.items()
                 for t in ts]  # fmt: skip
