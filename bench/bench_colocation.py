@@ -6,7 +6,9 @@ Real kvpool-servers (the tiny local model on the CPU; ``--model``/``--backend cu
 host), each pinned to its own core. First a calibration (bench/colocation_calibrate.py) measures
 what one engine serves with its share of the budget and with all of it; every workload's rates
 are set from those, so the busy model asks for more than its share serves and less than its core
-computes. Configurations alternate their order from one workload to the next.
+computes. Configurations alternate their order from one workload to the next. After each
+workload the whole budget's rate is measured again: a machine whose speed moved more than 20%
+within the run is flagged in the report (its rates no longer fit it).
 
 Output: one table per workload with every configuration side by side and ratios to static (the
 same tier setting), per model and overall; compute saturation (CPU utilisation of each engine,
@@ -28,7 +30,7 @@ import httpx
 import psutil
 from kvpool_operator.pools import Endpoint
 
-from bench.colocation_calibrate import Capacity, calibrate
+from bench.colocation_calibrate import Capacity, calibrate, drift_line, remeasure
 from bench.colocation_configs import POLICIES, VARIANTS, Config, Running, Setup, configs, controller, start_servers
 from bench.colocation_report import report
 from bench.colocation_workload import WORKLOADS, Shape, Workload, bursts, drive, longtail, schedule, steady
@@ -172,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     cfgs = [c for c in configs(policies) if args.tier == "both" or c.tier == (args.tier == "on")]
     shape = Shape()
     results: dict[str, dict[str, Any]] = {}
+    speed: dict[str, float] = {}  #: the machine's rate with the whole budget after each workload
     with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
         cap = calibrate(setup, tuple(MODELS[n] for n in names), shape, Path(d))
         print(f"calibration: {cap}")
@@ -181,8 +184,10 @@ def main(argv: list[str] | None = None) -> None:
             for cfg in order:
                 print(f"== {work.name}: {cfg.name}", flush=True)
                 results[work.name][cfg.name] = run(setup, cfg, work, args.seed, shape, Path(d))
+            speed[work.name] = remeasure(setup, cap, shape, Path(d))
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {**vars(args), "out": str(args.out), "capacity": cap.__dict__, "memory_bound": cap.memory_bound}
+    meta = {**vars(args), "out": str(args.out), "capacity": cap.__dict__, "memory_bound": cap.memory_bound,
+            "speed_after": speed, "drift": drift_line(cap, speed)}  # fmt: skip
     report(results, meta, args.out)
 
 

@@ -84,3 +84,29 @@ def calibrate(setup: Setup, n_models: tuple[int, ...], shape: Shape, tmp: Path, 
         proc.terminate()
         proc.wait(timeout=120)
     return Capacity(shares, full, request_bytes, clients)
+
+
+DRIFT = 0.2  #: a machine whose speed moved more than this within a run is flagged in the report
+
+
+def remeasure(setup: Setup, cap: Capacity, shape: Shape, tmp: Path, seconds: float = 10.0) -> float:
+    """The whole budget's rate again (after a workload): the calibration holds only while the
+    machine keeps its speed, and a VM's can move by half within an hour."""
+    servers = start_servers(setup, Config("static", False), ("a",), tmp)
+    proc, _, url = servers["a"]
+    try:
+        asyncio.run(closed_loop(url, "a", shape, cap.clients, 3.0, seed=1))  # warm-up
+        return asyncio.run(closed_loop(url, "a", shape, cap.clients, seconds, seed=2))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+
+
+def drift_line(cap: Capacity, after: dict[str, float]) -> str:
+    """One line for the report: the machine's speed after each workload against the calibration."""
+    moves = {w: rps / cap.full_rps - 1 for w, rps in after.items()}
+    cells = ", ".join(f"after {w} {after[w]:.2f} ({m:+.0%})" for w, m in moves.items())
+    flagged = [w for w, m in moves.items() if abs(m) > DRIFT]
+    verdict = (f"MOVED more than {DRIFT:.0%} around {', '.join(flagged)}: its rates no longer fit the machine"
+               if flagged else f"steady within {DRIFT:.0%}")  # fmt: skip
+    return f"machine speed (req/s, whole budget): calibration {cap.full_rps:.2f}, {cells} -- {verdict}"

@@ -160,6 +160,8 @@ def report(results: dict[str, dict[str, Any]], args: dict[str, Any], out: Path) 
         print(tables(name, summaries[name]) + "\n")
         checked += goals(name, summaries[name])
     print("\n".join(checked))
+    if "drift" in args:
+        print(args["drift"])
     broken = [(w, c) for w, runs in results.items() for c, r in runs.items() if not all(r["integrity_ok"].values())]
     print(f"integrity after every run: {broken or 'ok'}")
     path = out / "bench_colocation.json"

@@ -122,3 +122,14 @@ def test_an_unknown_policy_is_refused_by_its_flag(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit):
         parse(["--policies", "static,greedy"])
     assert "--policies: ['greedy'] not among" in capsys.readouterr().err
+
+
+def test_a_machine_whose_speed_moved_within_the_run_is_flagged() -> None:
+    from bench.colocation_calibrate import Capacity, drift_line
+
+    cap = Capacity({2: 5.0}, 8.0, 1 << 20, 22)
+    steady = drift_line(cap, {"bursts": 7.5, "longtail": 8.8})
+    assert "after bursts 7.50 (-6%)" in steady
+    assert steady.endswith("steady within 20%")
+    moved = drift_line(cap, {"bursts": 7.5, "longtail": 5.6})
+    assert moved.endswith("MOVED more than 20% around longtail: its rates no longer fit the machine")
