@@ -62,6 +62,12 @@ class PoolCollector(Collector):
         for status in ResizeStatus:
             resizes.add_metric([*m, status.value], float(snap.resizes.get(status.value, 0)))
         yield resizes
+        preempted = CounterMetricFamily(
+            "kvpool_shrink_preemptions", "Requests preempted to finish a deferred shrink (--preempt-after-s).",
+            labels=["model"],
+        )  # fmt: skip
+        preempted.add_metric(m, float(snap.shrink_preemptions))
+        yield preempted
         yield from self._offload(snap.offload or NO_TIER, m)
 
     def _offload(self, off: OffloadStats, m: list[str]) -> Iterator[Metric]:

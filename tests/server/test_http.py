@@ -29,7 +29,7 @@ MODEL = "tiny"
 DESIGN_METRICS = [
     "kvpool_limit_bytes", "kvpool_mapped_bytes", "kvpool_virtual_bytes", "kvpool_reserve_bytes", "kvpool_blocks",
     "kvpool_resize_seconds", "kvpool_resize", "kvpool_offload_bytes", "kvpool_offload_hits",
-    "kvpool_offload_misses", "kvpool_demoted_blocks",
+    "kvpool_offload_misses", "kvpool_demoted_blocks", "kvpool_shrink_preemptions",
 ]  # fmt: skip
 _revision = itertools.count(100)
 API_DOCS = Path(__file__).parents[2] / "docs" / "api"
