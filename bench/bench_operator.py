@@ -58,7 +58,7 @@ def react(group: GroupSpec, eps: dict[str, Endpoint], interval: float, streams: 
         while in_use_s is None and time.monotonic() - t0 < 300:
             r = balancer.round(group, "127.0.0.1", eps, {}, preempt)
             rounds += 1
-            preempt = {n: s.preemptions for n, s in r.snapshots.items()}
+            preempt = {**preempt, **r.preemption_marks}
             deadline = time.monotonic() + interval
             while time.monotonic() < deadline and in_use_s is None:
                 snap = client.snapshot(eps["a"])

@@ -140,7 +140,7 @@ async def balance(group: GroupSpec, eps: dict[str, Endpoint], stop: asyncio.Even
             started = time.monotonic()
             r = await asyncio.to_thread(balancer.round, group, "127.0.0.1", eps, known, preempt, memory)
             known = {n: s.limit_bytes for n, s in r.snapshots.items()}
-            preempt = {n: s.preemptions for n, s in r.snapshots.items()}
+            preempt = {**preempt, **r.preemption_marks}
             memory = r.memory
             log.append({"t": started - t0, "seconds": time.monotonic() - started, "problems": r.problems,
                         "resizes": [z.__dict__ for z in r.resizes]})  # fmt: skip

@@ -40,6 +40,10 @@ class PodRound:
     resizes: list[Resize] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  #: unreachable servers, stuck shrinks, bad specs
     memory: Memory = field(default_factory=Memory)  #: the policy's, for the pod's next round
+    #: each model's preemption counter to count the next round's from: the highest seen, so a
+    #: count that dips (vLLM counts a preemption with the request's next output, the pool its own
+    #: shrink preemptions at once) is not read again as new preemptions when it recovers
+    preemption_marks: dict[str, int] = field(default_factory=dict)
 
     @property
     def balanced(self) -> bool:
@@ -91,6 +95,7 @@ class Balancer:
                     raise PoolUnreachable(f"{name}: no ready endpoint on pod {pod}")
                 out.snapshots[name] = snap = self.client.snapshot(eps[name])
                 observed[name] = observation(snap, preemptions.get(name, 0))
+                out.preemption_marks[name] = max(preemptions.get(name, 0), snap.preemptions)
             except PoolUnreachable as e:
                 out.problems.append(str(e))
                 observed[name] = Observation(known.get(name, started[name]), 0, reachable=False)

@@ -30,7 +30,7 @@ def model_status(r: PodRound, name: str, previous: dict[str, Any] | None) -> dic
             "usedBytes": snap.used_bytes,
             "runningRequests": snap.running_requests,
             "waitingRequests": snap.waiting_requests,
-            "preemptions": snap.preemptions,
+            "preemptions": r.preemption_marks.get(name, snap.preemptions),
         }
     elif previous and "limitBytes" in previous:
         out["limitBytes"] = previous["limitBytes"]  # kept: the policy leaves an unreachable pool alone

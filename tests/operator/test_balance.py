@@ -234,3 +234,28 @@ def test_an_operator_killed_between_shrink_and_grant_restarts_into_a_round_that_
     assert any(z.model == "a" for z in r.resizes)  # the grant the killed round never made
     assert pools["b"].snapshot().pending.revision >= revision  # monotonic: nothing came back as stale
     assert max(checks) <= budget, checks  # never more than the budget, at any point seen
+
+
+def test_shrink_preemptions_that_vllm_counts_late_are_not_read_as_a_lack_of_memory(pools: dict[str, KVPool]) -> None:
+    from kvpool_operator.balance import observation
+
+    class Late(FakeAdmin):
+        """b's pool preempted for a shrink; vLLM counts those preemptions only a step later."""
+
+        shrink = 0
+
+        def snapshot(self, ep: Endpoint) -> PoolState:
+            snap = dataclasses.replace(self._pool(ep).snapshot(), demand=self.demand[ep.model],
+                                       shrink_preemptions=self.shrink if ep.model == "b" else 0)  # fmt: skip
+            return PoolState.from_json(snap.to_dict())
+
+    admin = Late(pools, {"a": DemandStats(0, 0, 0), "b": DemandStats(0, 0, 3)})
+    balancer = Balancer(admin, wait_s=1, clock=Clock(), sleep=lambda _: None)
+    first = balancer.round(group(), POD, EPS, {}, {})
+    admin.shrink = 2  # the pool counted its two at once: vLLM's 3 less 2 reads 1
+    dip = balancer.round(group(), POD, EPS, {}, first.preemption_marks, first.memory)
+    assert (dip.snapshots["b"].preemptions, dip.preemption_marks["b"]) == (1, 3)
+    admin.demand["b"] = DemandStats(0, 0, 5)  # vLLM counts them with the requests' next output
+    later = balancer.round(group(), POD, EPS, {}, dip.preemption_marks, dip.memory)
+    assert observation(later.snapshots["b"], dip.preemption_marks["b"]).preemptions == 0  # not 2: nothing new
+    assert later.preemption_marks["b"] == 3

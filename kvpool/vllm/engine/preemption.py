@@ -4,11 +4,12 @@ A shrink below what running requests hold is *deferred* (:mod:`.scheduler_side`)
 drain as their requests finish. The model that the memory is for then waits for the donor's
 longest running request -- seconds: in ``bench-colocation``'s bursts with the CPU tier, a model
 claiming its share back waited 2.2-2.4 s for the other's eleven running requests to finish.
-With ``preempt_after_s`` set, a shrink deferred that long preempts the newest running requests
-that hold blocks in draining pages, until none does. vLLM's own recompute preemption does it
-(blocks freed, the request back at the head of the waiting queue, its output kept): the request
-resumes from its prefix cache -- what is left of it outside the drained pages -- or, with the CPU
-tier, from the tier's copies, and completes as it would have.
+With ``preempt_after_s`` set, a shrink deferred that long preempts the running requests that
+hold blocks in draining pages (all of them: a page drains once none does), in vLLM's order of
+victims. vLLM's own recompute preemption does it (blocks freed, the request back at the head of
+the waiting queue, its output kept): the request resumes from its prefix cache -- what is left
+of it outside the drained pages -- or, with the CPU tier, from the tier's copies, and completes
+as it would have.
 
 vLLM has no connector hook that preempts, so this is a scheduler (vLLM's ``--scheduler-cls``):
 :func:`pool_scheduler` builds one of the class vLLM would have used itself (async scheduling on
@@ -25,6 +26,7 @@ from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request
 
@@ -52,25 +54,25 @@ class ShrinkPreemption(Scheduler):
         waited = side.shrink_waits_for()
         if not waited:
             return []
-        now, victims = time.monotonic(), []
-        blocks = self.kv_cache_manager.block_pool.blocks
-        # newest first, as vLLM picks its own victims: the least work lost, the oldest finish first
-        for request in reversed(list(self.running)):
-            if not waited:
-                break
-            if not self._holds_any(request, waited) or not self._preemptible(request, side):
-                continue
+        now = time.monotonic()
+        victims = [
+            r for r in self._by_preemption_order() if self._holds_any(r, waited) and side.may_preempt(r.request_id)
+        ]
+        for request in victims:
             self.running.remove(request)
-            self._preempt_request(request, now, drop_stale_output=True)
-            self.prev_step_scheduled_req_ids.discard(request.request_id)
-            victims.append(request)
-            waited = {b for b in waited if blocks[b].ref_cnt > 0}
-        side.preempted(len(victims))  # withholds the freed blocks before this step allocates
+            # vLLM's own preemption, as its schedule loop calls it; with async scheduling a block a
+            # step in flight still writes is freed once that step is done (vLLM defers it)
+            self._preempt_request(request, now, drop_stale_output=self.requires_kv_delivery)
+        if victims:
+            side.preempted(len(victims), waited)  # withholds the freed blocks before this step allocates
         return victims
 
-    def _preemptible(self, request: Request, side: SchedulerSide) -> bool:
-        # blocks a step in flight may still write, or a tier load is writing: a later step's turn
-        return self._request_blocks_can_be_freed(request) and side.may_preempt(request.request_id)
+    def _by_preemption_order(self) -> list[Request]:
+        """vLLM's order of victims: the lowest priority, then the latest arrival (FCFS: the newest
+        running request first) -- the least work lost, the oldest finish first."""
+        if self.policy == SchedulingPolicy.PRIORITY:
+            return sorted(self.running, key=lambda r: (r.priority, r.arrival_time), reverse=True)
+        return self.running[::-1]
 
     def _holds_any(self, request: Request, blocks: set[int]) -> bool:
         return any(b in blocks for group in self.kv_cache_manager.get_block_ids(request.request_id) for b in group)

@@ -31,7 +31,7 @@ import collections
 import logging
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from kvpool.control.messages import Check, ControlRequest, Reply, Resize, Snapshot, Trim
@@ -158,6 +158,7 @@ class SchedulerSide:
                 return None
 
     def resize(self, limit_bytes: int, revision: int) -> ResizeResult:
+        waiting = self.limit.pending.status is ResizeStatus.DEFERRED
         verdict = self.limit.request(limit_bytes, revision)
         if verdict is Verdict.NEW:
             self.table.limit_pages = self.limit.pages
@@ -165,7 +166,8 @@ class SchedulerSide:
             self._drain()
             self._settle()
             self.limit.accepted()
-            self._deferred_at = self.clock()
+            if not waiting:  # a new cut while one waits keeps the wait's start: the grace is per wait
+                self._deferred_at = self.clock()
         return self.limit.result(verdict, self._physical_pages())
 
     def shrink_waits_for(self) -> set[int]:
@@ -183,11 +185,15 @@ class SchedulerSide:
         """Not while the CPU tier loads into the request's blocks (it would write freed blocks)."""
         return not (self.tier and self.tier.loading(request_id))
 
-    def preempted(self, requests: int) -> None:
-        """The scheduler preempted ``requests`` for the shrink: withhold the blocks they freed now,
-        before the step allocates any of them again."""
+    def preempted(self, requests: int, blocks: set[int]) -> None:
+        """The scheduler preempted ``requests`` for the blocks ``blocks``: drop those blocks from the
+        prefix cache (a resumed request must not hold them again) and withhold what the requests
+        freed, before the step allocates any of it. Unmaps wait for the step (``_drain``): only it
+        knows which blocks its store jobs read."""
         self.shrink_preemptions += requests
-        self._drain()
+        self._forget([self.block_pool.blocks[b] for b in blocks])
+        for page in self.draining:
+            self._withhold(self.geometry.blocks_of(page), busy=set())
 
     def trim(self) -> TrimResult:
         """Drain every page that holds no used block now (cached blocks are evicted); the pages
@@ -316,29 +322,33 @@ class SchedulerSide:
         self.draining.update(ranked[:excess])
 
     def _drain(self) -> None:
-        """Withhold free blocks of draining pages; unmap pages whose blocks are all withheld."""
-        if not self.draining:
-            return
-        bp = self.block_pool
+        """Withhold free blocks of draining pages; unmap pages whose blocks are all withheld and
+        that no store job of this step reads (the worker unmaps before it runs the step's stores)."""
         for page in sorted(self.draining):
-            blocks = [bp.blocks[b] for b in self.geometry.blocks_of(page)]
-            idle = [
-                blk
-                for blk in blocks
-                if blk.ref_cnt == 0 and blk.block_id not in self.withheld and blk.block_id not in self._busy
-            ]
-            if idle:
-                cached = [blk for blk in idle if blk.block_hash is not None]
-                if self.tier:
-                    self.demoted += sum(self.tier.held(blk.block_hash) for blk in cached)
-                bp.evict_blocks({blk.block_id for blk in cached})
-                for blk in idle:
-                    bp.free_block_queue.remove(blk)
-                    self.withheld.add(blk.block_id)
-            if all(blk.block_id in self.withheld for blk in blocks):
+            blocks = self.geometry.blocks_of(page)
+            self._withhold(blocks, self._busy)
+            if all(b in self.withheld for b in blocks) and self._busy.isdisjoint(blocks):
                 self.draining.discard(page)
                 self.table.set_state(page, PageState.RESERVE)  # backed until the unmap is acked
                 self._command(page, PageOp.UNMAP)
+
+    def _withhold(self, block_ids: Iterable[int], busy: set[int]) -> None:
+        """Take the free blocks among ``block_ids`` (but ``busy``) out of vLLM's free queue."""
+        bp = self.block_pool
+        idle = [
+            bp.blocks[b] for b in block_ids if bp.blocks[b].ref_cnt == 0 and b not in self.withheld and b not in busy
+        ]
+        self._forget(idle)
+        for blk in idle:
+            bp.free_block_queue.remove(blk)
+            self.withheld.add(blk.block_id)
+
+    def _forget(self, blocks: list[Any]) -> None:
+        """Drop cached blocks from the prefix cache, counting those the CPU tier keeps as demoted."""
+        cached = [blk for blk in blocks if blk.block_hash is not None]
+        if self.tier:
+            self.demoted += sum(self.tier.held(blk.block_hash) for blk in cached)
+        self.block_pool.evict_blocks({blk.block_id for blk in cached})
 
     def _settle(self) -> None:
         """Finish a deferred resize once physical pages fit the limit and nothing is in flight."""

@@ -127,12 +127,47 @@ def test_a_deferred_shrink_names_the_blocks_to_preempt_once_its_grace_is_over() 
     assert waited == draining  # every used block of every draining page
     assert len(waited) >= 4
     bp.free_blocks([blk for blk in held if blk.block_id in waited])  # what the preemption frees
-    side.preempted(2)
+    side.preempted(2, waited)
     assert waited <= side.withheld  # withheld at once: the step that follows cannot reuse them
+    assert not side.outbox  # unmaps wait for the step, which knows what its store jobs read
     run_step(side, demand=False)
     snap = side.snapshot()
     assert (snap.pending.status, snap.shrink_preemptions) == (ResizeStatus.APPLIED, 2)
     assert side.shrink_waits_for() == set()
+
+
+def test_a_page_a_store_job_of_the_step_reads_is_unmapped_only_in_a_later_step() -> None:
+    side = make_side(limit_pages=8, grow_ahead=28)
+    run_step(side)
+    bp = side.block_pool
+    held = bp.get_new_blocks(bp.get_num_free_blocks())
+    assert side.resize(2 * side.page_bytes, revision=1).status is ResizeStatus.DEFERRED
+    draining = {b for p in side.draining for b in side.geometry.blocks_of(p)}
+    bp.free_blocks([blk for blk in held if blk.block_id in draining])
+    side.preempted(1, draining)
+    read = {min(draining)}  # a block this step's tier stores copy out
+    cmds = side.step(scheduled_tokens=1, demand_blocks=0, busy=read)
+    unmapped = {c.page for c in cmds if c.op is PageOp.UNMAP}
+    assert min(draining) // 4 not in unmapped  # its page stays mapped through the step's stores
+    assert unmapped  # the others go
+    ack(side, cmds)
+    later = side.step(scheduled_tokens=1, demand_blocks=0)
+    assert [c.page for c in later if c.op is PageOp.UNMAP] == [min(draining) // 4]
+    ack(side, later)
+    side.check_integrity()
+
+
+def test_a_second_cut_while_a_shrink_waits_keeps_the_waits_start() -> None:
+    clock = Clock()
+    side = make_side(limit_pages=8, grow_ahead=28, preempt_after_s=0.5, clock=clock)
+    run_step(side)
+    bp = side.block_pool
+    bp.get_new_blocks(bp.get_num_free_blocks())
+    assert side.resize(4 * side.page_bytes, revision=1).status is ResizeStatus.DEFERRED
+    clock.now += 0.4
+    assert side.resize(2 * side.page_bytes, revision=2).status is ResizeStatus.DEFERRED
+    clock.now += 0.2
+    assert side.shrink_waits_for()  # 0.6 s since the first cut: due, though the second is 0.2 s old
 
 
 class LoadingTier:
