@@ -81,7 +81,7 @@ class SchedulerSide:
         self.errors: collections.deque[str] = collections.deque(maxlen=32)  #: latest failed commands
         self.tier = tier
         self.demoted = 0  #: cached blocks dropped by shrinks whose copy the tier holds
-        self._busy: set[int] = set()  #: blocks this step's tier stores read: not withheld yet
+        self._busy: set[int] = set()  #: blocks this step's tier stores read: their pages stay mapped
         self._deferred_at = 0.0  #: when the pending resize was deferred (``self.clock``)
         self.shrink_preemptions = 0  #: requests the scheduler preempted for a deferred shrink
 

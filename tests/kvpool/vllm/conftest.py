@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,3 +54,11 @@ def tier_engine(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     yield runner
     runner.close()
     assert not list(tier_dir.iterdir()), "the tier's file outlived its engine"
+
+
+def wait_until_in_use(engine: Any, blocks: int, timeout_s: float = 60.0) -> None:
+    """Until the engine's requests hold ``blocks`` blocks (a shrink below them then defers)."""
+    deadline = time.monotonic() + timeout_s
+    while engine.snapshot().used_blocks < blocks:
+        assert time.monotonic() < deadline, f"fewer than {blocks} blocks in use after {timeout_s} s"
+        time.sleep(0.02)

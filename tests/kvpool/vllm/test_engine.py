@@ -13,6 +13,7 @@ import pytest
 
 from kvpool import ConfigError, ResizeResult, ResizeStatus
 from kvpool.control import AsyncControlClient, EngineUnavailable
+from tests.kvpool.vllm.conftest import wait_until_in_use
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -92,9 +93,7 @@ def test_a_shrink_under_load_defers_then_applies_and_loses_no_request(engine: An
     batch = prompts(16, 400, seed=4)
     worker = threading.Thread(target=lambda: results.update(out=engine.generate(batch, greedy(160))))
     worker.start()
-    deadline = time.monotonic() + 60
-    while engine.snapshot().used_blocks < 100 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until_in_use(engine, 100)
     reply = resize(engine, 4 * MiB)  # 64 blocks while >= 100 are in use
     assert reply.status is ResizeStatus.DEFERRED
     worker.join(timeout=300)
@@ -114,11 +113,10 @@ def test_a_shrink_still_deferred_after_its_grace_preempts_and_applies_before_the
     results: dict[str, Any] = {}
     worker = threading.Thread(target=lambda: results.update(out=engine.generate(batch, greedy(128))))
     worker.start()
-    deadline = time.monotonic() + 60
-    while engine.snapshot().used_blocks < 100 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until_in_use(engine, 100)
     assert resize(engine, 3 * MiB).status is ResizeStatus.DEFERRED  # 48 blocks while >= 100 are in use
     started = time.monotonic()
+    deadline = started + 60
     while engine.snapshot().pending.status is ResizeStatus.DEFERRED and time.monotonic() < deadline:
         time.sleep(0.05)
     applied_after = time.monotonic() - started

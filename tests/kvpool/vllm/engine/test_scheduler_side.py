@@ -95,6 +95,14 @@ def test_a_failed_map_is_undone_on_every_rank_and_its_blocks_stay_withheld() -> 
     side.check_integrity()
 
 
+def full_side(clock: Clock | None = None, preempt_after_s: float | None = 0.5) -> tuple[SchedulerSide, list[Any]]:
+    """Eight pages mapped and every block of them in use (the held blocks returned)."""
+    side = make_side(limit_pages=8, grow_ahead=28, preempt_after_s=preempt_after_s, clock=clock)
+    run_step(side)
+    bp = side.block_pool
+    return side, bp.get_new_blocks(bp.get_num_free_blocks())
+
+
 def test_a_shrink_below_used_pages_is_deferred_until_their_blocks_free() -> None:
     side = make_side(limit_pages=8, grow_ahead=28)
     run_step(side)
@@ -114,10 +122,8 @@ def test_a_shrink_below_used_pages_is_deferred_until_their_blocks_free() -> None
 
 def test_a_deferred_shrink_names_the_blocks_to_preempt_once_its_grace_is_over() -> None:
     clock = Clock()
-    side = make_side(limit_pages=8, grow_ahead=28, preempt_after_s=0.5, clock=clock)
-    run_step(side)
+    side, held = full_side(clock)
     bp = side.block_pool
-    held = bp.get_new_blocks(bp.get_num_free_blocks())  # every mapped block in use
     assert side.resize(2 * side.page_bytes, revision=1).status is ResizeStatus.DEFERRED
     clock.now += 0.4
     assert side.shrink_waits_for() == set()  # within the grace: pages drain as requests finish
@@ -137,10 +143,8 @@ def test_a_deferred_shrink_names_the_blocks_to_preempt_once_its_grace_is_over() 
 
 
 def test_a_page_a_store_job_of_the_step_reads_is_unmapped_only_in_a_later_step() -> None:
-    side = make_side(limit_pages=8, grow_ahead=28)
-    run_step(side)
+    side, held = full_side()
     bp = side.block_pool
-    held = bp.get_new_blocks(bp.get_num_free_blocks())
     assert side.resize(2 * side.page_bytes, revision=1).status is ResizeStatus.DEFERRED
     draining = {b for p in side.draining for b in side.geometry.blocks_of(p)}
     bp.free_blocks([blk for blk in held if blk.block_id in draining])
@@ -159,10 +163,7 @@ def test_a_page_a_store_job_of_the_step_reads_is_unmapped_only_in_a_later_step()
 
 def test_a_second_cut_while_a_shrink_waits_keeps_the_waits_start() -> None:
     clock = Clock()
-    side = make_side(limit_pages=8, grow_ahead=28, preempt_after_s=0.5, clock=clock)
-    run_step(side)
-    bp = side.block_pool
-    bp.get_new_blocks(bp.get_num_free_blocks())
+    side, _ = full_side(clock)
     assert side.resize(4 * side.page_bytes, revision=1).status is ResizeStatus.DEFERRED
     clock.now += 0.4
     assert side.resize(2 * side.page_bytes, revision=2).status is ResizeStatus.DEFERRED
@@ -196,10 +197,7 @@ def test_a_request_the_tier_is_loading_into_is_not_preempted() -> None:
 
 def test_without_a_grace_a_deferred_shrink_never_asks_for_preemption() -> None:
     clock = Clock()
-    side = make_side(limit_pages=8, grow_ahead=28, preempt_after_s=None, clock=clock)
-    run_step(side)
-    bp = side.block_pool
-    bp.get_new_blocks(bp.get_num_free_blocks())
+    side, _ = full_side(clock, preempt_after_s=None)
     assert side.resize(2 * side.page_bytes, revision=1).status is ResizeStatus.DEFERRED
     clock.now += 3600
     assert side.shrink_waits_for() == set()

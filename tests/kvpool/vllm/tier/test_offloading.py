@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from kvpool import OffloadStats, PoolSnapshot, ResizeStatus
-from tests.kvpool.vllm.conftest import TIER_BYTES, TIER_LIMIT
+from tests.kvpool.vllm.conftest import TIER_BYTES, TIER_LIMIT, wait_until_in_use
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -108,9 +108,7 @@ def test_requests_preempted_for_a_shrink_resume_from_the_tier_with_identical_out
     out: dict[str, Any] = {}
     worker = threading.Thread(target=lambda: out.update(got=engine.generate(batch, greedy(96))))
     worker.start()
-    deadline = time.monotonic() + 60
-    while engine.snapshot().used_blocks < 80 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until_in_use(engine, 80)
     assert engine.resize(2 << 20, next(_revision)).status is ResizeStatus.DEFERRED  # 32 blocks
     shrunk = settled(engine)  # the engine preempted the requests that held the drained pages
     assert shrunk.shrink_preemptions > shrunk_before
