@@ -37,6 +37,7 @@ def test_help_documents_every_option() -> None:
         (["--admin-token-file", "/nonexistent/token"], "admin-token-file /nonexistent/token does not exist"),
         (["--offload-bytes", "1Gi", "--offload-dir", "/nonexistent"], "offload-dir /nonexistent is not a directory"),
         (["--offload-policy", "fifo"], "--offload-policy"),
+        (["--preempt-after-s", "-1"], "--preempt-after-s (env KVPOOL_PREEMPT_AFTER_S): Input should be greater"),
     ],
 )
 def test_bad_values_stop_the_start_naming_the_option(args: list[str], message: str) -> None:
@@ -92,6 +93,17 @@ def test_vllm_gets_the_connector_and_the_virtual_block_count(tiny_model: Path) -
     argv = vllm_argv(s, pool_config(s, str(tiny_model)))
     assert argv[argv.index("--num-gpu-blocks-override") + 1] == str((1 << 30) // (64 << 10))
     assert "kvpool.vllm.engine.connector" in argv[argv.index("--kv-transfer-config") + 1]
+
+
+def test_preemption_on_shrink_reaches_the_engine_and_null_turns_it_off(tiny_model: Path) -> None:
+    import json
+
+    for flags, after in (([], 0.5), (["--preempt-after-s", "2"], 2.0), (["--preempt-after-s", "null"], None)):
+        s = parse_settings(["--model", str(tiny_model), *flags])
+        argv = vllm_argv(s, pool_config(s, str(tiny_model)))
+        connector = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_connector_extra_config"]
+        assert connector["kvpool"]["preempt_after_s"] == after
+        assert ("--scheduler-cls" in argv) == (after is not None)
 
 
 def test_the_cpu_tier_flag_reaches_vllms_offloading_connector(tiny_model: Path, tmp_path: Path) -> None:
