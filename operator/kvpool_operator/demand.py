@@ -33,10 +33,10 @@ within a round or two: the dwell separates noise from a change of load.
 * a grant above a model's fair share (the budget water-filled by weight up to every maximum, what
   a static split gives it) is a loan: a model short below its share takes it back within any
   dwell, its own or the lender's, down to the lender's share and up to what its queue needs
-  (``_claim``); it never waits a dwell for its static share, and a ramp (``ModelMemory.ramp``)
-  takes its whole share back at once. A model whose load is still there lends below its share
-  only to one short for ``LOAN`` rounds: lent after two, it recalled the loan at its next spike
-  (a flap);
+  (``_claim``); it never waits a dwell for its static share, and a ramp or a burst takes its
+  whole share back at once. A model whose load is still there lends below its share only to one
+  short for ``LOAN`` rounds (lent after two, it recalled the loan at its next spike: a flap) --
+  or to a burst once its own load slackened for a round (``ModelMemory.slack``);
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
   rounds once its load left. Giving a steady load's memory away down to its momentary use made
   it short seconds later (8 moves a minute with a two-round window).
@@ -72,6 +72,7 @@ from kvpool_operator.policy import (
 RISE, DECAY, HEADROOM = 0.7, 0.5, 1.1
 QUIET = 2  #: rounds in a row that its load looked gone (``idle``): the load left
 IDLE = 4.0  #: ... finishing at most 1/IDLE of its peak rate over the dwell, at most 1/LEFT of the pool used
+SLACK = 2.0  #: ... finishing at most 1/SLACK of it for one round: slack enough to give a burst what it does not hold
 PERSIST = 2  #: rounds in a row a model must be short before it is granted memory
 QUEUE = 2.0  #: ... with this many requests waiting on average (EWMA, alpha 0.5), or as many as run
 SURGE = 2 * QUEUE  #: or this many waiting in one round with the pool full: a burst, granted at once
@@ -95,6 +96,7 @@ class ModelMemory:
     surge: bool = False  #: short this round with a burst's queue (``SURGE``)
     ramp: bool = False  #: short ``PERSIST`` rounds, deep, its queue now would hold ``LEFT`` x its limit
     quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
+    slack: bool = False  #: nothing waits, at most half used, finishing at most 1/``SLACK`` of its peak (``_idle``)
     finished_seen: int | None = None  #: the engine's finished-requests counter last round (None: not yet read)
     recent_finished: tuple[int, ...] = ()  #: requests finished in each of the latest rounds (the dwell)
 
@@ -143,7 +145,7 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     recent = (*prev.recent_used, float(obs.used_bytes))[-keep:]
     counted, finished = prev.finished_seen is not None, obs.finished_total - (prev.finished_seen or 0)
     done = (*prev.recent_finished, max(0, finished))[-keep:] if counted else ()
-    idle = _idle(obs, counted and finished >= 0, done)
+    idle = _idle(obs, counted and finished >= 0, done, IDLE)
     streak = prev.short_rounds + 1 if short else 0
     queue = 0.5 * prev.waiting_ewma + 0.5 * (obs.waiting_requests + obs.preemptions)
     surge = short and obs.waiting_requests + obs.preemptions >= SURGE
@@ -154,19 +156,20 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     ramp = streak >= PERSIST and deep and wanted * HEADROOM >= LEFT * obs.limit_bytes
     return replace(prev, need_ewma=need, recent_used=recent, per_request=per, short_rounds=streak,
                    waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp, quiet_rounds=quiet,
+                   slack=_idle(obs, counted and finished >= 0, done, SLACK),
                    finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
 
 
-def _idle(obs: Observation, counted: bool, done: tuple[int, ...]) -> bool:
+def _idle(obs: Observation, counted: bool, done: tuple[int, ...], fall: float) -> bool:
     """Its load looks gone this round: nothing waits, the pool is at most half used, and it
-    finished at most 1/``IDLE`` of its peak per round over the dwell. Concurrency alone was no
+    finished at most 1/``fall`` of its peak per round over the dwell. Concurrency alone was no
     sign: a steady load of short requests stands three quarters empty half the time, and giving
     its memory away cost it 3x at p99; the rate of finished requests falls ten times when a
     burst ends and seldom halves under a steady load. A counter not yet read (or reset by a
     restart) is no sign either."""
     if obs.waiting_requests + obs.preemptions > 0 or LEFT * obs.used_bytes > obs.limit_bytes or not counted:
         return False
-    return IDLE * done[-1] <= max(done)
+    return fall * done[-1] <= max(done)
 
 
 def need(m: ModelBudget, mem: ModelMemory) -> int:
@@ -178,7 +181,9 @@ def needs_of(models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget:
     round with a burst (``SURGE``), a model whose load looked gone for a round needs only what it
     holds: its working set over the dwell and its need's EWMA still carry the burst it just
     served, and held its target -- and so the new burst's -- at the old split for a second round
-    of each phase of alternating bursts. A ramp (``ModelMemory.ramp``) needs at least its fair
+    of each phase of alternating bursts -- a round whose finishing rate halved (``ModelMemory.slack``) is
+    enough: waiting for a quarter of the peak rate, the next burst waited at its share 3 s for the
+    last one's tail. A ramp or a burst (``ModelMemory.ramp``, ``surge``) needs at least its fair
     share, as a static split gives it: claiming a round's queue at a time, longtail's smallest
     model reached its share 17 s into its ramp."""
     needs = {m.name: need(m, mems[m.name]) for m in models}
@@ -186,12 +191,12 @@ def needs_of(models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget:
     if contested and any(mems[m.name].surge for m in models):
         for m in models:
             mem = mems[m.name]
-            if mem.quiet_rounds >= 1 and not mem.quiet:
+            if mem.slack and not mem.quiet:
                 lately = mem.recent_used[-1]
                 needs[m.name] = need(m, replace(mem, recent_used=(lately,), need_ewma=lately))
     fair = fair_shares(models, budget)
     for m in models:
-        if mems[m.name].ramp:
+        if mems[m.name].ramp or mems[m.name].surge:
             needs[m.name] = max(needs[m.name], fair[m.name])
     return needs, contested
 
@@ -277,15 +282,17 @@ def _settled(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int)
 
 def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: float) -> int:
     """Bytes a model short below its fair share takes back within any dwell: up to its share,
-    or to what it holds and its queue would hold if that is less -- unless it ramps (``ramp``):
-    then its share (0: no claim). A grant above a share is a loan while the others do not need
-    it: held for a dwell against a model short below its share, it kept longtail's second model
-    at 1.25 MiB for 8 s with ten requests waiting. Its queue, not its target, bounds it: a cold
-    model's target still carries its last burst's working set, and one round's queue of two took
-    a hot model's memory down to its share."""
+    or to what it holds and its queue would hold if that is less -- unless it ramps or bursts
+    (``ramp``, ``surge``): then its share (0: no claim). Claiming a queue's bytes a round at a
+    time, a burst spent 3 s below its share and built a queue its phase never drained. A grant
+    above a share is a loan while the others do not need it: held for a dwell against a model
+    short below its share, it kept longtail's second model at 1.25 MiB for 8 s with ten requests
+    waiting. Short of a burst, its queue, not its target, bounds it: a cold model's target still
+    carries its last burst's working set, and one round's queue of two took a hot model's memory
+    down to its share."""
     if limit >= fair or not _short(mem):
         return 0
-    if mem.ramp:  # its share before the ramp's next arrivals, not a queue's bytes per two rounds
+    if mem.ramp or mem.surge:  # its share before the next arrivals, not a queue's bytes per round
         return fair - limit
     holds = (obs.used_bytes + (obs.waiting_requests + obs.preemptions) * (mem.per_request or default)) * HEADROOM
     return max(0, min(fair, int(holds)) - limit)
@@ -303,13 +310,13 @@ class Asks:
 
 def _room(limit: int, target: int, fair: int, mem: ModelMemory, now: int, dwell: int, asks: Asks) -> int:
     """What a donor may give this round. Down to its target: once its load left (``QUIET``: idle
-    memory goes to anyone short); to a burst once its own load looked gone for a round (its
-    target then is what it holds, ``needs_of``); past the dwell of its latest grant to a settled
+    memory goes to anyone short); to a burst once its own load slackened for a round (``slack``;
+    its target then is what it holds, ``needs_of``); past the dwell of its latest grant to a settled
     model short for ``LOAN`` rounds. Down to its fair share: past that dwell to a settled model,
     or within it as much as a model below its own share claims back. A donor whose load was
     still there lent below its share after two short rounds of another's and took it back at its
     next spike (the steady load's memory went there and back in 4 s)."""
-    if mem.quiet or (asks.burst and mem.quiet_rounds >= 1):
+    if mem.quiet or (asks.burst and mem.slack):
         return max(0, limit - target)
     above = max(0, limit - max(target, fair))
     if now - mem.last_grow > dwell and asks.settled:
@@ -382,6 +389,9 @@ def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, 
     page = math.lcm(obs.page_bytes, r.observed[donor].page_bytes)
     amount = min(deficit, room[donor], group.max_step_bytes) // page * page
     worth = max(group.hysteresis_bytes, r.mems[name].per_request or r.default)
-    if amount <= 0 or (amount < worth and not obs.below(recipient.min_bytes)):
+    # what restores a claim is worth any whole page: a burst at 3.5 of its 4 MiB share, six waiting,
+    # was refused the last half MiB (less than one request) for three rounds
+    restores = 0 < asks.claim <= amount + page
+    if amount <= 0 or (amount < worth and not (obs.below(recipient.min_bytes) or restores)):
         return None
     return donor, name, amount

@@ -15,6 +15,7 @@ from kvpool_operator.demand import (
     QUIET,
     SURGE,
     Memory,
+    fair_shares,
     need,
     needs_of,
     plan_demand,
@@ -126,10 +127,15 @@ def test_the_budget_and_bounds_hold_with_at_most_one_move_toward_a_short_model(
 def test_a_donor_keeps_its_need_while_the_budget_covers_every_need(
     case: tuple[GroupPolicy, Rounds],
 ) -> None:
+    """A burst or a ramp needs at least its fair share: a static split's guarantee comes before
+    another model's need above its own share."""
     group, rounds = case
     for observed, result, memory, limits in rollout(group, rounds):
-        needs = {m.name: need(m, memory.models[m.name]) for m in group.models if observed[m.name].reachable}
+        active = [m for m in group.models if observed[m.name].reachable]
         pinned = sum(limits[m.name] for m in group.models if not observed[m.name].reachable)  # they keep their limits
+        fair = fair_shares(active, group.budget_bytes - pinned)
+        needs = {m.name: max(need(m, mem), fair[m.name]) if mem.surge or mem.ramp else need(m, mem)
+                 for m in active for mem in [memory.models[m.name]]}  # fmt: skip
         if sum(needs.values()) <= group.budget_bytes - pinned:
             for name in result.shrinks:
                 assert result.limits[name] >= needs[name]
@@ -300,3 +306,11 @@ def test_a_pool_standing_empty_keeps_its_grant_while_its_requests_still_finish_a
     grown = hand_over(finishing_after=12)["a"]
     assert grown == 56 * MiB  # what it took from c, held
     assert hand_over(finishing_after=1)["a"] < grown  # the rate fell twelvefold: the load left
+
+
+def test_a_burst_takes_what_a_pool_is_not_holding_once_its_finishing_rate_halved() -> None:
+    """The tail of a's burst finishes half its peak rate with nothing waiting: b's burst at its
+    share takes what a does not hold (it waited at its share 3 s for a's rate to fall fourfold),
+    and a keeps room for what it holds."""
+    slackened = hand_over(finishing_after=6)["a"]
+    assert int(4 * MiB * 1.1) <= slackened < hand_over(finishing_after=12)["a"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvpool_operator.demand import LOAN, PERSIST, Memory, ModelMemory, plan_demand
+from kvpool_operator.demand import LOAN, PERSIST, SURGE, Memory, ModelMemory, plan_demand
 from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation, Plan
 
 from tests.operator.demand_rounds import MiB, run, three_models, two_models
@@ -124,3 +124,22 @@ def test_a_model_whose_burst_just_left_claims_its_queue_not_its_share() -> None:
     result, _ = plan_demand(group, observed, memory)
     assert isinstance(result, Plan)
     assert 8 * MiB < result.limits["b"] <= 12 * MiB
+
+
+def test_a_burst_below_its_share_takes_the_whole_share_back_in_one_round() -> None:
+    """A queue of a burst (``SURGE``) behind a full pool below its share: the whole share at once,
+    not its queue's bytes a round at a time (alternating bursts spent 3 s below their share that
+    way and built queues their phase never drained); a queue of three does not (see above)."""
+    group = replace(two_models(dwell=8), max_step_bytes=64 * MiB)
+    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
+    assert limits["b"] <= 16 * MiB
+    after, _, _ = run(group, {"a": 26, "b": limits["b"] // (2 * MiB) + SURGE}, 1, limits, memory)
+    assert after == {"a": 32 * MiB, "b": 32 * MiB}
+
+
+def test_the_rest_of_a_claimed_share_is_granted_though_less_than_a_request() -> None:
+    """b bursts half a request below its share: the last MiB is a claim, not a fix-up (a burst at
+    3.5 of its 4 MiB share waited three rounds with six requests queued for it)."""
+    group = two_models(dwell=8)
+    limits, _, _ = run(group, {"a": 16, "b": 15 + SURGE}, 1, {"a": 33 * MiB, "b": 31 * MiB})
+    assert limits == {"a": 32 * MiB, "b": 32 * MiB}
