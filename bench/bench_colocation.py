@@ -6,7 +6,10 @@ Real kvpool-servers (the tiny local model on the CPU; ``--model``/``--backend cu
 host), each pinned to its own core. First a calibration (bench/colocation_calibrate.py) measures
 what one engine serves with its share of the budget and with all of it; every workload's rates
 are set from those, so the busy model asks for more than its share serves and less than its core
-computes. Configurations alternate their order from one workload to the next. After each
+computes. Each workload runs with ``--repeats`` seeds (2), every configuration on each; the
+tables pool a configuration's repeats (percentiles over all their requests) and show the repeats'
+own p99 ratios to static beside, lowest to highest. Configurations alternate their order from
+one repeat (and workload) to the next. After each
 workload the whole budget's rate is measured again: a machine whose speed moved more than 20%
 within the run is flagged in the report (its rates no longer fit it).
 
@@ -39,6 +42,7 @@ from bench.common import RESULTS
 PARTIAL = RESULTS / "colocation-partial"  #: a subset's results: the full run's files stay the record
 
 MiB = 1 << 20
+REPEATS = 2  #: seeds of each workload in the run of record: one run's p99 decided one goal each way in turn
 DEADLINE_S = 120.0  #: after the last arrival, what is still unanswered fails
 
 
@@ -127,19 +131,46 @@ def run(setup: Setup, cfg: Config, work: Workload, seed: int, shape: Shape, tmp:
                 r.proc.terminate()
             for r in servers.values():
                 r.proc.wait(timeout=120)
-            logs = RESULTS / "colocation-logs" / work.name  # every server's log, for a run that went wrong
+            logs = (
+                RESULTS / "colocation-logs" / f"{work.name}-seed{seed}"
+            )  # every server's log, for a run that went wrong
             logs.mkdir(parents=True, exist_ok=True)
             for log in Path(d).glob("*.log"):
                 shutil.copy(log, logs / log.name)
+
+
+def alternate(cfgs: list[Config], turn: int) -> list[Config]:
+    """The configurations in their order on even turns (repeats, counted across workloads), reversed
+    on odd ones: a machine that speeds up or slows down within a workload favours none."""
+    return cfgs if turn % 2 == 0 else cfgs[::-1]
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="", help="model path (default: the embedded tiny model)")
     ap.add_argument("--backend", choices=["host", "cuda"], default="host")
-    ap.add_argument("--budget", type=int, default=12 * MiB, help="KV bytes the models share")
+    ap.add_argument(
+        "--budget",
+        type=int,
+        default=16 * MiB,
+        help="KV bytes the models share (16 MiB: fourteen requests of the workloads' shape in float32)",
+    )
     ap.add_argument("--offload-bytes", type=int, default=32 * MiB, help="CPU tier per model (+tier configurations)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default=None,
+        help="the engines' dtype (default: float32 with --backend host, else auto -- the model's own "
+        "bfloat16 runs 2x slower in batches on a CPU without AVX-512, and its engines were "
+        "compute-bound before memory could bind)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="the first repeat's seed; repeat k runs seed + k")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=REPEATS,
+        help="seeds of every workload (each configuration runs each; ratios pooled, spread shown)",
+    )
     ap.add_argument("--phase-s", type=float, default=12.0, help="length of one phase of a workload")
     ap.add_argument("--interval", type=float, default=1.0, help="rebalance interval (s)")
     ap.add_argument("--dwell", type=float, default=8.0, help="demand policy: minimum dwell (s)")
@@ -154,12 +185,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                     help=f"JSON and PNGs (default: {RESULTS}/ for the full run, {PARTIAL}/ for a subset: "
                          "a subset never replaces the run of record)")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats: {args.repeats} must be at least 1")
     for flag, got, allowed in (("--policies", args.policies, POLICIES + VARIANTS),
                                ("--workloads", args.workloads, WORKLOADS)):  # fmt: skip
         if bad := [x for x in got.split(",") if x not in allowed]:
             ap.error(f"{flag}: {bad} not among {list(allowed)}")
-    full = (args.workloads, args.policies, args.tier) == (",".join(WORKLOADS), ",".join(POLICIES), "both")
+    full = (args.workloads, args.policies, args.tier, args.repeats) == (
+        ",".join(WORKLOADS),
+        ",".join(POLICIES),
+        "both",
+        REPEATS,
+    )
     args.out = args.out or (RESULTS if full else PARTIAL)
+    args.dtype = args.dtype or ("float32" if args.backend == "host" else "auto")
     return args
 
 
@@ -170,25 +209,25 @@ def main(argv: list[str] | None = None) -> None:
         from kvpool.vllm.launch.tiny_model import build_tiny_model
 
         args.model = str(build_tiny_model(Path(tempfile.gettempdir()) / "kvpool-bench-tiny"))
-    setup = Setup(args.model, args.backend, args.budget, args.offload_bytes, args.interval, args.dwell)
+    setup = Setup(args.model, args.backend, args.budget, args.offload_bytes, args.interval, args.dwell, args.dtype)
     cfgs = [c for c in configs(policies) if args.tier == "both" or c.tier == (args.tier == "on")]
     shape = Shape()
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, dict[str, list[dict[str, Any]]]] = {}
     speed: dict[str, float] = {}  #: the machine's rate with the whole budget after each workload
     with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
         cap = calibrate(setup, tuple(MODELS[n] for n in names), shape, Path(d))
         print(f"calibration: {cap}")
         for i, work in enumerate(workloads(names, cap, args.phase_s)):
-            order = cfgs if i % 2 == 0 else cfgs[::-1]
-            results[work.name] = {}
-            for cfg in order:
-                print(f"== {work.name}: {cfg.name}", flush=True)
-                results[work.name][cfg.name] = run(setup, cfg, work, args.seed, shape, Path(d))
+            results[work.name] = {c.name: [] for c in cfgs}
+            for k in range(args.repeats):
+                for cfg in alternate(cfgs, i * args.repeats + k):
+                    print(f"== {work.name} (seed {args.seed + k}): {cfg.name}", flush=True)
+                    results[work.name][cfg.name].append(run(setup, cfg, work, args.seed + k, shape, Path(d)))
             speed[work.name] = remeasure(setup, cap, shape, Path(d))
-    args.out.mkdir(parents=True, exist_ok=True)
-    meta = {**vars(args), "out": str(args.out), "capacity": cap.__dict__, "memory_bound": cap.memory_bound,
-            "speed_after": speed, "drift": drift_line(cap, speed)}  # fmt: skip
-    report(results, meta, args.out)
+            # every workload's results as they come: a run cut short keeps the workloads it finished
+            meta = {**vars(args), "out": str(args.out), "capacity": cap.__dict__, "memory_bound": cap.memory_bound,
+                    "speed_after": speed, "drift": drift_line(cap, speed)}  # fmt: skip
+            report(results, meta, args.out)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ class Setup:
     offload_bytes: int
     interval_s: float
     dwell_s: float
+    dtype: str = "auto"  #: vLLM's --dtype for every engine ("auto": the model's own)
 
 
 def core_of(i: int, cores: int | None = None) -> int:
@@ -95,6 +96,8 @@ def server_cmd(setup: Setup, cfg: Config, name: str, ports: tuple[int, int], n_m
         cmd += ["--preempt-after-s", "null"]
     if cfg.tier:
         cmd += ["--offload-bytes", str(setup.offload_bytes), "--offload-dir", str(tmp)]
+    if setup.dtype != "auto":
+        cmd += ["--vllm-args", f"--dtype {setup.dtype}"]
     return cmd
 
 
