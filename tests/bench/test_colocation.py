@@ -184,6 +184,13 @@ def test_the_report_writes_its_json_and_plots_for_every_workload(tmp_path: Any) 
     assert data["summary"]["bursts"]["demand"]["overall"]["repeats"] == 2
     assert len(data["runs"]["bursts"]["static"]) == 2
     assert all((tmp_path / f"bench_colocation_bursts_{k}.png").stat().st_size > 0 for k in ("memory", "ttft_cdf"))
+    from bench.colocation_readme import table
+
+    rows = table(data).splitlines()
+    assert rows[2].startswith("| bursts | static | 2.00 s | 2.00 s |  |")  # static in seconds
+    # the others as ratios to static: a halves, b halves, so does the worst model
+    assert rows[3].startswith("| bursts | demand | 0.50x | 0.50x | 0.50-0.50x | ")
+    assert rows[3].endswith("| 0.50x |")
 
 
 def test_the_engines_run_float32_on_the_cpu_unless_told_otherwise() -> None:
