@@ -22,8 +22,7 @@ within a round or two: the dwell separates noise from a change of load.
 
 * grant: a model must be short two rounds in a row with two or more requests waiting on
   average, or as many as it runs (a Poisson spike is not a trend; a small model's queue of one
-  or two doubles its waits) -- or short with a burst's queue (``SURGE``) at once, or, below its
-  fair share, short at all (``recalls``: static would not have made it wait);
+  or two doubles its waits) -- or short with a burst's queue (``SURGE``) at once;
 * a model that grew keeps its grant for ``dwell_rounds``, one that shrank is not granted again
   within them from a donor whose load is still there -- unless the load has changed: a donor
   that for ``QUIET`` rounds had nothing waiting, its pool at most half used, and finished
@@ -67,7 +66,6 @@ from kvpool_operator.policy import (
     Observation,
     Plan,
     check_feasible,
-    restore_bounds,
     water_fill,
 )
 
@@ -99,8 +97,6 @@ class ModelMemory:
     ramp: bool = False  #: short ``PERSIST`` rounds, deep, its queue now would hold ``LEFT`` x its limit
     quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
     slack: bool = False  #: nothing waits, at most half used, finishing at most 1/``SLACK`` of its peak (``_idle``)
-    wanted: float = 0.0  #: bytes it holds and, when short, its queue would hold, this round
-    limit: int = 0  #: its limit this round
     finished_seen: int | None = None  #: the engine's finished-requests counter last round (None: not yet read)
     recent_finished: tuple[int, ...] = ()  #: requests finished in each of the latest rounds (the dwell)
 
@@ -160,7 +156,7 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     ramp = streak >= PERSIST and deep and wanted * HEADROOM >= LEFT * obs.limit_bytes
     return replace(prev, need_ewma=need, recent_used=recent, per_request=per, short_rounds=streak,
                    waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp, quiet_rounds=quiet,
-                   slack=_idle(obs, counted and finished >= 0, done, SLACK), wanted=wanted, limit=obs.limit_bytes,
+                   slack=_idle(obs, counted and finished >= 0, done, SLACK),
                    finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
 
 
@@ -200,20 +196,9 @@ def needs_of(models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget:
                 needs[m.name] = need(m, replace(mem, recent_used=(lately,), need_ewma=lately))
     fair = fair_shares(models, budget)
     for m in models:
-        mem = mems[m.name]
-        if mem.ramp or mem.surge:
+        if mems[m.name].ramp or mems[m.name].surge:
             needs[m.name] = max(needs[m.name], fair[m.name])
-        elif recalls(mem, fair[m.name]):  # its queue's room now, not once the need's EWMA caught up
-            needs[m.name] = max(needs[m.name], min(fair[m.name], int(mem.wanted * HEADROOM)))
     return needs, contested
-
-
-def recalls(mem: ModelMemory, fair: int) -> bool:
-    """Short this round below its fair share: what a static split would have given it is not
-    held back for a trend. Waiting for two short rounds with a deep queue left a burst lent down
-    to 4.8 of its 8 MiB share 3.5 s with 3-5 requests waiting (bursts, float32), where static
-    would have served them at once; it claims its queue's room (``_claim``), not its share."""
-    return mem.short_rounds >= 1 and mem.limit < fair
 
 
 def targets(models: list[ModelBudget], needs: Mapping[str, int], budget: int) -> dict[str, int]:
@@ -246,7 +231,7 @@ def plan_demand(
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
     needs, contested = needs_of(active, mems, group.budget_bytes - pinned)
     target = targets(active, needs, group.budget_bytes - pinned)
-    restored = restore_bounds(group, active, old, target)
+    restored = _restore(group, active, old, target)
     if restored is not None:  # a spec change put limits above a maximum or the budget: fix that first
         shrinks = tuple(n for n in restored if restored[n] < old[n])
         return Plan(restored, shrinks, ()), Memory(now, mems)
@@ -266,6 +251,24 @@ def plan_demand(
     return Plan(new, shrinks, grows), Memory(now, mems)
 
 
+def _restore(
+    group: GroupPolicy, active: list[ModelBudget], old: Mapping[str, int], target: Mapping[str, int]
+) -> dict[str, int] | None:
+    """Limits back under every maximum and within the budget, by shrinks alone: the model
+    furthest above its target first, down to its target, then toward its minimum. None when
+    nothing is out of bounds (the usual round)."""
+    new = dict(old)
+    for m in active:
+        new[m.name] = min(new[m.name], m.max_bytes)
+    over = sum(new.values()) - group.budget_bytes
+    for floor in (target, {m.name: m.min_bytes for m in active}):
+        for m in sorted(active, key=lambda m: new[m.name] - floor[m.name], reverse=True):
+            cut = min(max(over, 0), max(0, new[m.name] - floor[m.name]))
+            new[m.name] -= cut
+            over -= cut
+    return new if new != dict(old) else None
+
+
 def _short(mem: ModelMemory) -> bool:
     """Short long enough with a queue deep enough, or short with a burst's queue."""
     return (mem.short_rounds >= PERSIST and mem.deep) or mem.surge
@@ -277,7 +280,7 @@ def _settled(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int)
     return now - mem.last_shrink > dwell or need(m, mem) >= LEFT * limit
 
 
-def _claim(limit: int, fair: int, mem: ModelMemory) -> int:
+def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: float) -> int:
     """Bytes a model short below its fair share takes back within any dwell: up to its share,
     or to what it holds and its queue would hold if that is less -- unless it ramps or bursts
     (``ramp``, ``surge``): then its share (0: no claim). Claiming a queue's bytes a round at a
@@ -287,11 +290,12 @@ def _claim(limit: int, fair: int, mem: ModelMemory) -> int:
     waiting. Short of a burst, its queue, not its target, bounds it: a cold model's target still
     carries its last burst's working set, and one round's queue of two took a hot model's memory
     down to its share."""
-    if limit >= fair or mem.short_rounds == 0:  # short this round is enough below a share (``recalls``)
+    if limit >= fair or not _short(mem):
         return 0
     if mem.ramp or mem.surge:  # its share before the next arrivals, not a queue's bytes per round
         return fair - limit
-    return max(0, min(fair, int(mem.wanted * HEADROOM)) - limit)
+    holds = (obs.used_bytes + (obs.waiting_requests + obs.preemptions) * (mem.per_request or default)) * HEADROOM
+    return max(0, min(fair, int(holds)) - limit)
 
 
 @dataclass(frozen=True)
@@ -340,11 +344,10 @@ class Round:
 
 
 def _wanting(r: Round) -> list[ModelBudget]:
-    """Models below their minimum if any, else those short (``_short``, or ``recalls``) below
-    their targets; furthest below its target (by weight) first."""
+    """Models below their minimum if any, else those short (``_short``) below their targets;
+    furthest below its target (by weight) first."""
     below = [m for m in r.active if r.observed[m.name].below(m.min_bytes)]
-    short = [m for m in r.active if r.target[m.name] > r.limit(m.name)
-             and (_short(r.mems[m.name]) or recalls(r.mems[m.name], r.fair[m.name]))]  # fmt: skip
+    short = [m for m in r.active if r.target[m.name] > r.limit(m.name) and _short(r.mems[m.name])]
     return sorted(below or short, key=lambda m: (r.target[m.name] - r.limit(m.name)) * m.weight, reverse=True)
 
 
@@ -356,7 +359,7 @@ def _one_move(r: Round) -> tuple[str | None, str, int] | None:
         mem, obs = r.mems[recipient.name], r.observed[recipient.name]
         settled = obs.below(recipient.min_bytes) or _settled(recipient, obs.limit_bytes, mem, r.now,
                                                              r.group.dwell_rounds)  # fmt: skip
-        asks = Asks(settled, _claim(obs.limit_bytes, r.fair[recipient.name], mem),
+        asks = Asks(settled, _claim(obs.limit_bytes, r.fair[recipient.name], obs, mem, r.default),
                     mem.surge and r.contested, mem.short_rounds)  # fmt: skip
         move = _move_to(r, recipient, asks)
         if move is not None:

@@ -67,8 +67,7 @@ def test_a_cold_model_below_its_share_takes_back_what_its_queue_needs_not_a_busy
     assert lent > 8 * MiB
     after, _, _ = run(group, {"a": 40, "b": limits["b"] // (2 * MiB) + 3}, 3, limits, memory)
     assert after["b"] > limits["b"]  # its queue got room
-    assert after["b"] <= (limits["b"] + 3 * 2 * MiB) * 1.1  # room for its three, with the need's headroom
-    assert after["a"] > 32 * MiB  # a kept the rest of its loan
+    assert after["a"] - 32 * MiB > lent // 2  # a kept most of its loan
 
 
 def test_a_burst_takes_what_a_pool_its_load_just_left_is_not_holding_after_one_idle_round() -> None:
@@ -102,14 +101,11 @@ def test_a_short_model_held_by_its_dwell_does_not_hold_back_another_short_model(
 def test_a_ramp_below_its_share_takes_the_whole_share_back_not_a_queue_at_a_time() -> None:
     """The long-tail benchmark's smallest model: lent down to one request's room, then its ramp --
     claiming what each round's queue would hold, it reached its share 17 s after the ramp began
-    (3x static's p99). Its first short round claims its queue's room (``_recalls``); short again
-    as its load doubles, needing twice its new limit, b takes its whole share back in one move,
-    not the second round's queue; a queue of three behind two requests is no burst (``SURGE``)."""
+    (3x static's p99). Short for ``PERSIST`` rounds and needing twice its limit, b takes its
+    whole share back in one move; a queue of three behind two requests is no burst (``SURGE``)."""
     group = GroupPolicy(64 * MiB, (ModelBudget("a", 2 * MiB, 62 * MiB), ModelBudget("b", 2 * MiB, 62 * MiB)),
                         hysteresis_bytes=2 * MiB, max_step_bytes=64 * MiB, dwell_rounds=8)  # fmt: skip
-    first, memory, _ = run(group, {"a": 30, "b": 5}, 1, {"a": 60 * MiB, "b": 4 * MiB})
-    assert 4 * MiB < first["b"] < 16 * MiB  # room for its queue of three, within a's dwell
-    limits, _, _ = run(group, {"a": 30, "b": 2 * first["b"] // (2 * MiB)}, 1, first, memory)
+    limits, _, _ = run(group, {"a": 30, "b": 5}, PERSIST, {"a": 60 * MiB, "b": 4 * MiB})
     assert limits == {"a": 32 * MiB, "b": 32 * MiB}
 
 
@@ -147,15 +143,3 @@ def test_the_rest_of_a_claimed_share_is_granted_though_less_than_a_request() -> 
     group = two_models(dwell=8)
     limits, _, _ = run(group, {"a": 16, "b": 15 + SURGE}, 1, {"a": 33 * MiB, "b": 31 * MiB})
     assert limits == {"a": 32 * MiB, "b": 32 * MiB}
-
-
-def test_a_model_lent_below_its_share_gets_room_in_its_first_short_round() -> None:
-    """b, lent below its share while idle, queues one request behind a full pool: static would
-    have served it at once, so it is not held back for a trend (``PERSIST``) -- waiting for two
-    short rounds left a burst 3.5 s at 4.8 of its 8 MiB share with 3-5 requests waiting."""
-    group = two_models(dwell=8)
-    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
-    assert limits["b"] < 32 * MiB
-    after, _, _ = run(group, {"a": 26, "b": limits["b"] // (2 * MiB) + 1}, 1, limits, memory)
-    assert after["b"] > limits["b"]
-    assert after["b"] <= 32 * MiB  # its queue's room, up to its share: a keeps the rest of its loan
