@@ -131,9 +131,8 @@ def run(setup: Setup, cfg: Config, work: Workload, seed: int, shape: Shape, tmp:
                 r.proc.terminate()
             for r in servers.values():
                 r.proc.wait(timeout=120)
-            logs = (
-                RESULTS / "colocation-logs" / f"{work.name}-seed{seed}"
-            )  # every server's log, for a run that went wrong
+            # every server's log, for a run that went wrong
+            logs = RESULTS / "colocation-logs" / f"{work.name}-seed{seed}"
             logs.mkdir(parents=True, exist_ok=True)
             for log in Path(d).glob("*.log"):
                 shutil.copy(log, logs / log.name)

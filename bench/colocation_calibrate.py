@@ -20,6 +20,7 @@ import httpx
 from bench.colocation_configs import Config, Setup, start_servers
 from bench.colocation_workload import Request, Shape, one
 
+WARM_S, WINDOW_S = 5.0, 20.0  #: every closed-loop measure's warm-up and window: calibration and remeasure compare
 BLOCK_TOKENS = 32  #: kvpool-server's default --block-size
 
 
@@ -64,7 +65,7 @@ async def _set_limit(url: str, limit: int) -> None:
         r.raise_for_status()
 
 
-def calibrate(setup: Setup, n_models: tuple[int, ...], shape: Shape, tmp: Path, seconds: float = 20.0) -> Capacity:
+def calibrate(setup: Setup, n_models: tuple[int, ...], shape: Shape, tmp: Path, seconds: float = WINDOW_S) -> Capacity:
     """One engine on core 0 (the other cores idle), first with the whole budget, then with the
     static share of each group size in ``n_models`` (a workload's rates follow its own share)."""
     servers = start_servers(setup, Config("static", False), ("a",), tmp)  # one model: limit = budget
@@ -74,7 +75,7 @@ def calibrate(setup: Setup, n_models: tuple[int, ...], shape: Shape, tmp: Path, 
         tokens = sum(shape.prompt_tokens) / 2 + sum(shape.max_tokens) / 2
         request_bytes = math.ceil(tokens / BLOCK_TOKENS) * block_bytes
         clients = max(4, 2 * setup.budget // request_bytes)
-        asyncio.run(closed_loop(url, "a", shape, clients, 5.0, seed=1))  # warm-up
+        asyncio.run(closed_loop(url, "a", shape, clients, WARM_S, seed=1))  # warm-up
         full = asyncio.run(closed_loop(url, "a", shape, clients, seconds, seed=2))
         shares = {}
         for n in sorted(set(n_models)):
@@ -89,7 +90,7 @@ def calibrate(setup: Setup, n_models: tuple[int, ...], shape: Shape, tmp: Path, 
 DRIFT = 0.2  #: a machine whose speed moved more than this within a run is flagged in the report
 
 
-def remeasure(setup: Setup, cap: Capacity, shape: Shape, tmp: Path, seconds: float = 20.0) -> float:
+def remeasure(setup: Setup, cap: Capacity, shape: Shape, tmp: Path, seconds: float = WINDOW_S) -> float:
     """The whole budget's rate again (after a workload): the calibration holds only while the
     machine keeps its speed, and a VM's can move by half within an hour. The same warm-up and
     window as the calibration's, so the two compare: with 28 clients a request takes seconds
@@ -97,7 +98,7 @@ def remeasure(setup: Setup, cap: Capacity, shape: Shape, tmp: Path, seconds: flo
     servers = start_servers(setup, Config("static", False), ("a",), tmp)
     proc, _, url = servers["a"]
     try:
-        asyncio.run(closed_loop(url, "a", shape, cap.clients, 5.0, seed=1))  # warm-up
+        asyncio.run(closed_loop(url, "a", shape, cap.clients, WARM_S, seed=1))  # warm-up
         return asyncio.run(closed_loop(url, "a", shape, cap.clients, seconds, seed=2))
     finally:
         proc.terminate()
