@@ -100,6 +100,7 @@ def test_the_operator_moves_memory_toward_the_loaded_model(
     finally:
         stop.set()
         loader.join(timeout=180)
+
     # The round posts its Events after its last resize: a's grant is in use on the server before
     # the operator has reported it (CI read the events in between and saw only b's shrinks).
     def resized() -> list[str]:

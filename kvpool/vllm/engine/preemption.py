@@ -17,6 +17,15 @@ GPUs, sync on the CPU backend -- vLLM decides that after the flags are read, so 
 both). Before each step it asks the pool which blocks a due shrink waits for, preempts their
 holders, lets the pool withhold the freed blocks before the step allocates any, and keeps the
 preempted requests out of that step.
+
+A request need not run to hold blocks: with the CPU tier, one admitted for a tier load holds the
+loaded prefix while it waits, and once the load completed it waits at the head of vLLM's queue of
+block holders until its remaining blocks fit -- which a cut limit may never allow. Preempting the
+running holders alone then left it holding the draining pages: the shrink stayed deferred, nothing
+ran, and nothing behind it was admitted (``bench-colocation`` longtail, proportional with the tier:
+an engine stalled with 24 requests waiting until the run's deadline failed them). Such a waiting
+holder is released too: its blocks freed, it goes back to the waiting queue as it was before its
+admission, and looks its prefix up again.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from kvpool.vllm.engine.scheduler_side import SchedulerSide
 
@@ -39,6 +48,8 @@ class ShrinkPreemption(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         side = getattr(self.connector, "scheduler", None)
         victims = self._preempt_for(side) if isinstance(side, SchedulerSide) else []
+        if isinstance(side, SchedulerSide) and self.kv_holding_waiting:
+            side.held_head_blocks = self._request_remaining_blocks(self.kv_holding_waiting.peek_request())
         if not victims:
             return super().schedule(*args, **kwargs)
         # Like vLLM's own preemption, a request preempted in a step is not resumed in it: vLLM's
@@ -63,9 +74,36 @@ class ShrinkPreemption(Scheduler):
             # vLLM's own preemption, as its schedule loop calls it; with async scheduling a block a
             # step in flight still writes is freed once that step is done (vLLM defers it)
             self._preempt_request(request, now, drop_stale_output=self.requires_kv_delivery)
+        victims += [
+            r
+            for r in list(self.kv_holding_waiting)
+            if self._holds_any(r, waited) and side.may_preempt(r.request_id) and self._release_waiting(r)
+        ]
         if victims:
             side.preempted(len(victims), waited)  # withholds the freed blocks before this step allocates
         return victims
+
+    def _release_waiting(self, request: Request) -> bool:
+        """Free the blocks of a request that holds them without running (its tier load completed,
+        its remaining blocks do not fit) and put it back in the waiting queue as it was before its
+        admission: its status and preemption count unchanged, so a request the workers never saw is
+        scheduled as new. False, and nothing done, while its load is still in flight (the load
+        writes those blocks) or for a state vLLM keeps blocks in for other reasons (streaming)."""
+        if request.status not in (RequestStatus.WAITING_FOR_REMOTE_KVS, RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            return False
+        # a load that finished but was not yet seen by the schedule loop: promote it as vLLM would
+        # (caches the loaded blocks, so the prefix is found again after the release)
+        if not self._handle_blocked_waiting_request(request):
+            return False
+        self.kv_holding_waiting.remove_request(request)
+        self.deferred_waiting.discard(request)
+        self._free_request_blocks(request)
+        self.encoder_cache_manager.free(request)
+        self._inflight_prefills.discard(request)
+        self._set_kv_fetch_stage(request, None)
+        request.num_computed_tokens = 0
+        self.waiting.prepend_request(request)
+        return True
 
     def _by_preemption_order(self) -> list[Request]:
         """vLLM's order of victims: the lowest priority, then the latest arrival (FCFS: the newest

@@ -84,6 +84,10 @@ class SchedulerSide:
         self._busy: set[int] = set()  #: blocks this step's tier stores read: their pages stay mapped
         self._deferred_at = 0.0  #: when the pending resize was deferred (``self.clock``)
         self.shrink_preemptions = 0  #: requests the scheduler preempted for a deferred shrink
+        #: blocks the first waiting request that holds blocks (a tier load's) still needs, set by the
+        #: scheduler before each step: vLLM looks no request up while it blocks the queue, so without
+        #: it the step saw no demand and, with nothing running, never grew the pool it waits for
+        self.held_head_blocks = 0
 
     # ---- binding ----------------------------------------------------------------------------
 
@@ -105,6 +109,7 @@ class SchedulerSide:
         ``demand_blocks``: blocks the largest waiting request needs (0 when none waits);
         ``busy``: blocks the tier's store jobs of this step read."""
         self._busy = busy or set()
+        demand_blocks, self.held_head_blocks = max(demand_blocks, self.held_head_blocks), 0
         self.serve_mailbox()
         self._drain()
         if demand_blocks or scheduled_tokens:

@@ -280,3 +280,14 @@ def test_a_waiting_request_larger_than_the_margin_gets_all_its_pages_in_one_step
     ack(side, cmds)
     assert side.block_pool.get_num_free_blocks() >= 30
     side.check_integrity()
+
+
+def test_a_request_holding_blocks_at_the_head_of_the_queue_grows_the_pool_with_nothing_running() -> None:
+    """vLLM looks no request up while one holding blocks (a tier load's) blocks the queue: the
+    scheduler reports what that one still needs, once, and the pool grows for it."""
+    side = make_side(limit_pages=16, grow_ahead=4)
+    side.held_head_blocks = 20
+    ack(side, side.step(scheduled_tokens=0, demand_blocks=0))
+    assert side.block_pool.get_num_free_blocks() >= 20
+    assert side.held_head_blocks == 0  # set again before each step, or no demand
+    side.check_integrity()

@@ -5,6 +5,7 @@ tier file cut under the engine means recomputation -- not a crash, a hang or wro
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import time
@@ -117,6 +118,49 @@ def test_requests_preempted_for_a_shrink_resume_from_the_tier_with_identical_out
     worker.join(timeout=300)
     assert [c.token_ids for c in out["got"]] == expected
     assert tier(engine).hits > before.hits  # their prompts came back from host memory
+
+
+def test_a_request_holding_tier_loaded_blocks_without_running_is_released_for_a_shrink(engine: Any) -> None:
+    """A request admitted for a tier load holds the loaded prefix until the rest of its prompt gets
+    blocks; a request admitted after it in the same step can take that room. Waiting so, it does
+    not run, and preempting the running requests alone for a shrink left it holding the draining
+    pages: the shrink stayed deferred and nothing ran again (bench-colocation: an engine stalled,
+    24 requests failed at the deadline). It is released too: the shrink applies, and with the
+    limit back both complete, its output the same as the same prompt's next run."""
+    target = fresh_prompt()
+    engine.generate([target], greedy(2))
+    engine.trim()  # the target's prefix lives only in the tier
+    held = target + fresh_prompt()[: 16 * BLOCK_TOKENS]  # 47 blocks, 31 of them loaded from the tier
+    other = fresh_prompt()[: 10 * BLOCK_TOKENS]  # 10 blocks, no tier hit
+    page = engine.snapshot().page_bytes  # 4 blocks; page 0 keeps vLLM's null block
+    engine.resize(8 * page, next(_revision))  # 31 free blocks: neither is admitted, held first in line
+    settled(engine)
+
+    async def queue_both() -> tuple[Any, Any]:
+        first = asyncio.ensure_future(engine.complete(held, greedy(8)))
+        await asyncio.sleep(0.3)
+        second = asyncio.ensure_future(engine.complete(other, greedy(200)))
+        await asyncio.sleep(0.3)
+        return first, second
+
+    first, second = engine.run(queue_both(), timeout=30)
+    before = tier(engine)
+    # 51 free blocks in one step: held is admitted for its load (47 fit), then other (10 fit in the
+    # 20 left) -- and held's last 16 blocks no longer fit until other ends
+    engine.resize(13 * page, next(_revision))
+    wait_until_in_use(engine, 31 + 10)
+    assert engine.resize(page, next(_revision)).status is ResizeStatus.DEFERRED
+    settled(engine, timeout_s=20)  # before: deferred for ever, held holding its pages, nothing running
+    assert tier(engine).hits - before.hits >= PROMPT_BLOCKS  # held was admitted for the load
+
+    async def both() -> list[Any]:
+        return [await first, await second]
+
+    engine.resize(TIER_LIMIT, next(_revision))
+    got, done = engine.run(both(), timeout=120)
+    assert len(done.token_ids) == 200
+    engine.trim()
+    assert got.token_ids == engine.generate([held], greedy(8))[0].token_ids
 
 
 def test_the_engine_really_reads_the_tier_corrupt_copies_change_the_output(engine: Any) -> None:
