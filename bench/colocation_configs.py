@@ -10,9 +10,6 @@
 * ``demand-drain`` (only when asked for): ``demand`` with the servers' ``--preempt-after-s null``
   -- a shrink waits for the donor's running requests to finish instead of preempting them; the
   side-by-side measure of preemption on shrink.
-* ``demand-lend`` (only when asked for): ``demand`` with ``idleReserve: 0`` -- an idle model lends
-  all of its fair share down to its minimum (the policy before the reserve); the reserve's
-  side-by-side measure.
 
 Both policies run the operator's own round code (``kvpool_operator.balance.Balancer``, shrinks
 first, grants within headroom) over the admin API, without Kubernetes. Each configuration runs
@@ -42,8 +39,7 @@ from bench.servers import free_port, start
 
 POLICIES = ("static", "free", "proportional", "demand")
 DRAIN = "-drain"  #: a policy's variant whose shrinks never preempt (not in the default run)
-LEND = "-lend"  #: a policy's variant whose idle models lend all their share (``idleReserve: 0``)
-VARIANTS = ("demand" + DRAIN, "demand" + LEND)
+VARIANTS = ("demand" + DRAIN,)
 
 
 @dataclass(frozen=True)
@@ -51,19 +47,14 @@ class Config:
     policy: str  #: one of POLICIES
     tier: bool
     preempt: bool = True  #: shrinks preempt after the servers' default --preempt-after-s
-    lend_all: bool = False  #: the demand policy with ``idleReserve: 0``
 
     @property
     def name(self) -> str:
-        variant = ("" if self.preempt else DRAIN) + (LEND if self.lend_all else "")
-        return self.policy + variant + ("+tier" if self.tier else "")
+        return self.policy + ("" if self.preempt else DRAIN) + ("+tier" if self.tier else "")
 
 
 def configs(policies: list[str]) -> list[Config]:
-    def one(p: str, tier: bool) -> Config:
-        return Config(p.removesuffix(DRAIN).removesuffix(LEND), tier, not p.endswith(DRAIN), p.endswith(LEND))
-
-    return [one(p, tier) for tier in (False, True) for p in policies]
+    return [Config(p.removesuffix(DRAIN), tier, not p.endswith(DRAIN)) for tier in (False, True) for p in policies]
 
 
 @dataclass(frozen=True)
@@ -133,8 +124,7 @@ def group_spec(setup: Setup, cfg: Config, models: tuple[str, ...]) -> GroupSpec:
     return parse_group({
         "gpuMemoryBudgetBytes": setup.budget,
         "rebalance": {"intervalSeconds": setup.interval_s, "hysteresisBytes": setup.budget // 32,
-                      "maxStepBytes": setup.budget // 2, "policy": cfg.policy, "minDwellSeconds": setup.dwell_s,
-                      **({"idleReserve": 0} if cfg.lend_all else {})},
+                      "maxStepBytes": setup.budget // 2, "policy": cfg.policy, "minDwellSeconds": setup.dwell_s},
         "models": [{"name": m, "model": setup.model, "minBytes": setup.budget // (3 * n),
                     "maxBytes": setup.budget - (n - 1) * setup.budget // (3 * n)} for m in models],
     })  # fmt: skip

@@ -123,7 +123,6 @@ def _spec_schema() -> dict[str, Any]:
                     "hysteresisBytes": _BYTES,
                     "maxStepBytes": _BYTES,
                     "minDwellSeconds": {"type": "number", "minimum": 0, "maximum": 86400},
-                    "idleReserve": {"type": "number", "minimum": 0, "maximum": 1},
                     "policy": {"type": "string", "enum": ["demand", "proportional"]},
                 },
             },

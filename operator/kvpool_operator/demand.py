@@ -13,9 +13,9 @@ what it holds plus what its waiting requests would hold:
     a move   = donor -> recipient, at most max_step, at least hysteresis:
                recipient: the short model furthest below its target that a move may serve
                           (free budget first)
-               donor:     the model with the most it may give (below) -- never below its
-                          target (its working set unless the budget is contested, where a
-                          burst's round counts only what a donor holds) nor half its fair share
+               donor:     the model with the most it may give (below) -- and never below
+                          its target, so never below its working set unless the budget is
+                          contested (where a burst's round counts only what a donor holds)
 
 Against flapping (a steady load must not move memory back and forth) while a burst is served
 within a round or two: the dwell separates noise from a change of load.
@@ -66,7 +66,6 @@ from kvpool_operator.policy import (
     Observation,
     Plan,
     check_feasible,
-    restore_bounds,
     water_fill,
 )
 
@@ -232,7 +231,7 @@ def plan_demand(
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
     needs, contested = needs_of(active, mems, group.budget_bytes - pinned)
     target = targets(active, needs, group.budget_bytes - pinned)
-    restored = restore_bounds(group, active, old, target)
+    restored = _restore(group, active, old, target)
     if restored is not None:  # a spec change put limits above a maximum or the budget: fix that first
         shrinks = tuple(n for n in restored if restored[n] < old[n])
         return Plan(restored, shrinks, ()), Memory(now, mems)
@@ -250,6 +249,24 @@ def plan_demand(
     shrinks = tuple(n for n in new if new[n] < old[n])
     grows = tuple(n for n in new if new[n] > old[n])
     return Plan(new, shrinks, grows), Memory(now, mems)
+
+
+def _restore(
+    group: GroupPolicy, active: list[ModelBudget], old: Mapping[str, int], target: Mapping[str, int]
+) -> dict[str, int] | None:
+    """Limits back under every maximum and within the budget, by shrinks alone: the model
+    furthest above its target first, down to its target, then toward its minimum. None when
+    nothing is out of bounds (the usual round)."""
+    new = dict(old)
+    for m in active:
+        new[m.name] = min(new[m.name], m.max_bytes)
+    over = sum(new.values()) - group.budget_bytes
+    for floor in (target, {m.name: m.min_bytes for m in active}):
+        for m in sorted(active, key=lambda m: new[m.name] - floor[m.name], reverse=True):
+            cut = min(max(over, 0), max(0, new[m.name] - floor[m.name]))
+            new[m.name] -= cut
+            over -= cut
+    return new if new != dict(old) else None
 
 
 def _short(mem: ModelMemory) -> bool:
@@ -291,24 +308,19 @@ class Asks:
     short_rounds: int
 
 
-def _room(limit: int, target: int, fair: int, mem: ModelMemory, now: int, group: GroupPolicy, asks: Asks) -> int:
+def _room(limit: int, target: int, fair: int, mem: ModelMemory, now: int, dwell: int, asks: Asks) -> int:
     """What a donor may give this round. Down to its target: once its load left (``QUIET``: idle
     memory goes to anyone short); to a burst once its own load slackened for a round (``slack``;
     its target then is what it holds, ``needs_of``); past the dwell of its latest grant to a settled
     model short for ``LOAN`` rounds. Down to its fair share: past that dwell to a settled model,
     or within it as much as a model below its own share claims back. A donor whose load was
     still there lent below its share after two short rounds of another's and took it back at its
-    next spike (the steady load's memory went there and back in 4 s).
-
-    Never below ``idle_reserve`` of its fair share (``spec.rebalance.idleReserve``): lent all of it
-    while idle, longtail's smallest model waited for the claim back at its ramp -- rounds of
-    seconds, where a static split serves at once (p99 11.5x static)."""
-    dwell, floor = group.dwell_rounds, max(target, int(group.idle_reserve * fair))
+    next spike (the steady load's memory went there and back in 4 s)."""
     if mem.quiet or (asks.burst and mem.slack):
-        return max(0, limit - floor)
+        return max(0, limit - target)
     above = max(0, limit - max(target, fair))
     if now - mem.last_grow > dwell and asks.settled:
-        return max(0, limit - floor) if asks.short_rounds >= LOAN else above
+        return max(0, limit - target) if asks.short_rounds >= LOAN else above
     return min(above, asks.claim)
 
 
@@ -370,7 +382,7 @@ def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, 
     if grant > 0 and (grant >= group.hysteresis_bytes or grant == whole):
         return None, name, grant
     room = {m.name: _room(r.limit(m.name), r.target[m.name], r.fair[m.name], r.mems[m.name], r.now,
-                          group, asks) for m in r.active if m is not recipient}  # fmt: skip
+                          group.dwell_rounds, asks) for m in r.active if m is not recipient}  # fmt: skip
     donor = max(room, key=lambda n: room[n], default=None)
     if donor is None or room[donor] <= 0:
         return None

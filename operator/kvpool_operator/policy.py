@@ -51,8 +51,6 @@ class GroupPolicy:
     max_step_bytes: int = 1 << 30
     dwell_rounds: int = 5  #: demand policy: a grant held (unless the load left), the working-set window
     arbitration: Arbitration = Arbitration.DEMAND
-    #: demand policy: the part of its fair share (a static split's) a model keeps while it lends
-    idle_reserve: float = 0.5
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.models]
@@ -62,8 +60,6 @@ class GroupPolicy:
             raise ValueError("budgetBytes and hysteresisBytes must be >= 0 and maxStepBytes > 0")
         if self.dwell_rounds < 0:
             raise ValueError(f"dwell_rounds must be >= 0, got {self.dwell_rounds}")
-        if not 0 <= self.idle_reserve <= 1:
-            raise ValueError(f"idle_reserve must be in 0..1, got {self.idle_reserve}")
 
 
 @dataclass(frozen=True)
@@ -195,21 +191,3 @@ def _fit_budget(new: dict[str, int], old: Mapping[str, int], group: GroupPolicy,
             cut = min(over, new[name] - mins[name])
         new[name] -= max(cut, 0)
         over -= max(cut, 0)
-
-
-def restore_bounds(
-    group: GroupPolicy, active: Sequence[ModelBudget], old: Mapping[str, int], target: Mapping[str, int]
-) -> dict[str, int] | None:
-    """Limits back under every maximum and within the budget, by shrinks alone: the model
-    furthest above its target first, down to its target, then toward its minimum. None when
-    nothing is out of bounds (the usual round). The demand policy's first step after a spec change."""
-    new = dict(old)
-    for m in active:
-        new[m.name] = min(new[m.name], m.max_bytes)
-    over = sum(new.values()) - group.budget_bytes
-    for floor in (target, {m.name: m.min_bytes for m in active}):
-        for m in sorted(active, key=lambda m: new[m.name] - floor[m.name], reverse=True):
-            cut = min(max(over, 0), max(0, new[m.name] - floor[m.name]))
-            new[m.name] -= cut
-            over -= cut
-    return new if new != dict(old) else None

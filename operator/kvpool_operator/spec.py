@@ -4,8 +4,7 @@ raise it as a ``kopf.PermanentError`` unchanged.
 
     spec:
       gpuMemoryBudgetBytes: 40Gi          # all the group's KV pools together
-      rebalance: {intervalSeconds: 10, hysteresisBytes: 256Mi, maxStepBytes: 4Gi, policy: demand, minDwellSeconds: 30,
-                  idleReserve: 0.5}
+      rebalance: {intervalSeconds: 10, hysteresisBytes: 256Mi, maxStepBytes: 4Gi, policy: demand, minDwellSeconds: 30}
       models:
         - {name: llama, model: /models/llama-3.1-8b, minBytes: 4Gi, maxBytes: 30Gi, weight: 2}
         - {name: qwen,  model: /models/qwen-7b,      minBytes: 4Gi, maxBytes: 30Gi}
@@ -135,7 +134,6 @@ def parse_group(spec: dict[str, Any]) -> GroupSpec:
         max_step_bytes=max(1, quantity(reb.get("maxStepBytes", 1 << 30), "spec.rebalance.maxStepBytes")),
         dwell_rounds=_dwell_rounds(reb.get("minDwellSeconds", 3 * interval), interval),
         arbitration=_arbitration(reb.get("policy", Arbitration.DEMAND.value)),
-        idle_reserve=_idle_reserve(reb.get("idleReserve", GroupPolicy.idle_reserve)),
     )
     floor = sum(b.min_bytes for b in budgets)
     if floor > budget:
@@ -150,12 +148,6 @@ def _dwell_rounds(dwell: Any, interval: float) -> int:
     if not isinstance(dwell, (int, float)) or isinstance(dwell, bool) or not 0 <= dwell <= 86400:
         raise SpecError(f"spec.rebalance.minDwellSeconds: {dwell!r} must be a number of seconds in 0..86400")
     return math.ceil(dwell / interval)
-
-
-def _idle_reserve(reserve: Any) -> float:
-    if not isinstance(reserve, (int, float)) or isinstance(reserve, bool) or not 0 <= reserve <= 1:
-        raise SpecError(f"spec.rebalance.idleReserve: {reserve!r} must be a fraction of the fair share in 0..1")
-    return float(reserve)
 
 
 def _arbitration(name: Any) -> Arbitration:

@@ -10,7 +10,7 @@ import pytest
 
 from bench.bench_colocation import PARTIAL, RESULTS, parse, workloads
 from bench.colocation_calibrate import Capacity
-from bench.colocation_configs import Config, Setup, configs, core_of, group_spec, server_cmd
+from bench.colocation_configs import Config, Setup, configs, core_of, server_cmd
 from bench.colocation_report import goals, summaries_of, summarize, tables
 from bench.colocation_workload import Shape, bursts, longtail, schedule
 
@@ -83,15 +83,6 @@ def test_the_drain_variant_runs_the_demand_policy_on_servers_that_never_preempt(
     assert cmd[cmd.index("--preempt-after-s") + 1] == "null"
     assert "--preempt-after-s" not in server_cmd(setup, demand, "a", (8000, 8100), 2, Path("/tmp/x"))
     assert parse(["--policies", "static,demand-drain"]).out == PARTIAL
-
-
-def test_the_lend_variant_runs_the_demand_policy_with_no_idle_reserve() -> None:
-    setup = Setup("/m", "host", 16 * MiB, 32 * MiB, 1.0, 4.0)
-    lend, demand = configs(["demand-lend", "demand"])[:2]
-    assert (lend.policy, lend.name, lend.preempt) == ("demand", "demand-lend", True)
-    assert group_spec(setup, lend, ("a", "b")).policy.idle_reserve == 0.0
-    assert group_spec(setup, demand, ("a", "b")).policy.idle_reserve == 0.5  # the operator's default
-    assert parse(["--policies", "static,demand,demand-lend"]).out == PARTIAL
 
 
 def fake_run(ttfts: dict[str, list[float]], resizes: int = 0) -> dict[str, Any]:

@@ -46,8 +46,6 @@ def test_a_representative_spec_parses_with_defaults() -> None:
 def test_the_policy_and_its_dwell_are_chosen_in_the_spec() -> None:
     group = parse_group(make_spec(rebalance={"intervalSeconds": 4, "policy": "proportional", "minDwellSeconds": 10}))
     assert (group.policy.arbitration, group.policy.dwell_rounds) == (Arbitration.PROPORTIONAL, 3)  # ceil(10 / 4)
-    assert group.policy.idle_reserve == 0.5  # the default
-    assert parse_group(make_spec(rebalance={"idleReserve": 0})).policy.idle_reserve == 0.0
 
 
 @pytest.mark.parametrize(("value", "expected"), [(5, 5), ("512Mi", 512 * MiB), ("3G", 3 * 10**9), ("7", 7)])
@@ -71,7 +69,6 @@ def test_quantities(value: Any, expected: int) -> None:
         ({"rebalance": {"intervalSeconds": 0}}, "spec.rebalance.intervalSeconds"),
         ({"rebalance": {"policy": "greedy"}}, "spec.rebalance.policy: 'greedy' is not a policy; use one of demand"),
         ({"rebalance": {"minDwellSeconds": -1}}, "spec.rebalance.minDwellSeconds: -1 must be a number of seconds"),
-        ({"rebalance": {"idleReserve": 1.5}}, "spec.rebalance.idleReserve: 1.5 must be a fraction of the fair share"),
         ({"gpuMemoryBudgetBytes": "6Gi"}, "add up to 8589934592 bytes, more than spec.gpuMemoryBudgetBytes"),
     ],
 )
