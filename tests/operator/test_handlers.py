@@ -107,7 +107,7 @@ def test_the_operator_moves_memory_toward_the_loaded_model(
         return [e.message for e in events(admin, "g2") if e.reason == "Resized"]
 
     wait_for(lambda: any(m.startswith("a on 127.0.0.1") for m in resized()), timeout=30, what="a's grant Event")
-    assert any(m.startswith("b on 127.0.0.1") for m in resized()), resized()  # the shrink came first
+    assert any(m.startswith("b on 127.0.0.1") for m in resized()), resized()  # and b's shrink
     status = wait_for(lambda: {m["name"]: m for m in get(admin, "g2")["status"]["models"]}, what="status")
     assert status["a"]["limitBytes"] > start
     assert ADMIN_TOKEN not in json.dumps(get(admin, "g2")), "the resource holds the admin token"

@@ -47,8 +47,10 @@ class ShrinkPreemption(Scheduler):
 
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         side = getattr(self.connector, "scheduler", None)
-        victims = self._preempt_for(side) if isinstance(side, SchedulerSide) else []
-        if isinstance(side, SchedulerSide) and self.kv_holding_waiting:
+        if not isinstance(side, SchedulerSide):
+            return super().schedule(*args, **kwargs)
+        victims = self._preempt_for(side)
+        if self.kv_holding_waiting:
             side.held_head_blocks = self._request_remaining_blocks(self.kv_holding_waiting.peek_request())
         if not victims:
             return super().schedule(*args, **kwargs)
