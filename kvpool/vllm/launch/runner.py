@@ -33,6 +33,9 @@ class Completion:
     ttft_s: float  #: time to the first output
     latency_s: float
     num_cached_tokens: int  #: prompt tokens served from the prefix cache
+    #: per output token, its top candidates' logprobs (token id -> logprob), when the sampling
+    #: parameters asked for ``logprobs``
+    logprobs: list[dict[int, float]] | None = None
 
 
 class EngineRunner:
@@ -84,7 +87,9 @@ class EngineRunner:
         end = time.perf_counter()
         assert final is not None
         o = final.outputs[0]
-        return Completion(list(o.token_ids), o.text, (first or end) - start, end - start, final.num_cached_tokens or 0)
+        top = None if o.logprobs is None else [{t: lp.logprob for t, lp in step.items()} for step in o.logprobs]
+        ttft = (first or end) - start
+        return Completion(list(o.token_ids), o.text, ttft, end - start, final.num_cached_tokens or 0, top)
 
     async def complete_all(self, prompts: list[Any], params: Any) -> list[Completion]:
         return list(await asyncio.gather(*(self.complete(p, params) for p in prompts)))
@@ -126,7 +131,10 @@ class EngineRunner:
         """Shut the engine down on its own loop (its sockets belong to that thread), then the loop."""
 
         async def _shutdown() -> None:
-            self.engine.shutdown()
+            # vLLM force-kills an engine core still alive 5 s after SIGTERM, and with it the worker,
+            # before the CPU tier's worker closes its store: its file then waits for the next start
+            # to reap it. On a busy 2-core machine 5 s was seen to be too short; give it 30.
+            self.engine.shutdown(timeout=30)
             self.engine = self.control = None  # collected here, on its loop, not at interpreter exit
 
         self.run(_shutdown(), timeout=60)

@@ -14,6 +14,8 @@ import pytest
 from kvpool import ConfigError, ResizeResult, ResizeStatus
 from kvpool.control import AsyncControlClient, EngineUnavailable
 from tests.kvpool.vllm.conftest import wait_until_in_use
+from tests.kvpool.vllm.outputs import assert_same_greedy_output
+from tests.kvpool.vllm.outputs import greedy as greedy_top
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -108,10 +110,10 @@ def test_a_shrink_under_load_defers_then_applies_and_loses_no_request(engine: An
 def test_a_shrink_still_deferred_after_its_grace_preempts_and_applies_before_the_requests_end(engine: Any) -> None:
     resize(engine, 512 * MiB)
     batch = prompts(12, 400, seed=7)
-    expected = [c.token_ids for c in engine.generate(batch, greedy(128))]
+    expected = engine.generate(batch, greedy_top(128))
     before = engine.snapshot().shrink_preemptions
     results: dict[str, Any] = {}
-    worker = threading.Thread(target=lambda: results.update(out=engine.generate(batch, greedy(128))))
+    worker = threading.Thread(target=lambda: results.update(out=engine.generate(batch, greedy_top(128))))
     worker.start()
     wait_until_in_use(engine, 100)
     assert resize(engine, 3 * MiB).status is ResizeStatus.DEFERRED  # 48 blocks while >= 100 are in use
@@ -127,8 +129,9 @@ def test_a_shrink_still_deferred_after_its_grace_preempts_and_applies_before_the
     assert snap.shrink_preemptions > before
     assert running, f"the shrink applied only after every request ended ({applied_after:.1f} s)"
     worker.join(timeout=300)
-    # preempted requests resumed and completed as they would have: the same greedy tokens
-    assert [c.token_ids for c in results["out"]] == expected
+    # preempted requests resumed and completed as they would have: the same greedy tokens (up to a
+    # bfloat16 tie: their generated tokens' KV was recomputed)
+    assert_same_greedy_output(results["out"], expected)
     resize(engine, 512 * MiB)
 
 
