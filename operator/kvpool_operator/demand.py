@@ -26,8 +26,8 @@ within a round or two: the dwell separates noise from a change of load.
 * a model that grew keeps its grant for ``dwell_rounds``, one that shrank is not granted again
   within them from a donor whose load is still there -- unless the load has changed: a donor
   that for ``QUIET`` rounds had nothing waiting, its pool at most half used, and finished
-  requests at a quarter of its peak rate over the dwell or less, has lost its load (see
-  ``_idle``) and gives to anyone short; a recipient whose need is ``LEFT`` times its limit has
+  requests at a quarter of its peak rate over the dwell or less (a peak of ``RATE_SIGNAL`` a
+  round; a lighter load must have nothing running) has lost its load (see ``_idle``) and gives to anyone short; a recipient whose need is ``LEFT`` times its limit has
   gained one (the dwell held both at the phase changes of alternating bursts and handed memory
   over 3-6 s late);
 * a grant above a model's fair share (the budget water-filled by weight up to every maximum, what
@@ -66,6 +66,7 @@ from kvpool_operator.policy import (
     Observation,
     Plan,
     check_feasible,
+    restore_bounds,
     water_fill,
 )
 
@@ -77,6 +78,7 @@ PERSIST = 2  #: rounds in a row a model must be short before it is granted memor
 QUEUE = 2.0  #: ... with this many requests waiting on average (EWMA, alpha 0.5), or as many as run
 SURGE = 2 * QUEUE  #: or this many waiting in one round with the pool full: a burst, granted at once
 LEFT = 2.0  #: a need ``LEFT`` times the limit: a load came
+RATE_SIGNAL = 2 * IDLE  #: finished in its busiest round of the dwell before a fall in the rate is a sign (``_idle``)
 LOAN = 4  #: rounds short before a donor whose load is still there lends below its fair share
 FULL = 0.75  #: a pool this full with requests waiting is short of memory
 
@@ -165,10 +167,16 @@ def _idle(obs: Observation, counted: bool, done: tuple[int, ...], fall: float) -
     finished at most 1/``fall`` of its peak per round over the dwell. Concurrency alone was no
     sign: a steady load of short requests stands three quarters empty half the time, and giving
     its memory away cost it 3x at p99; the rate of finished requests falls ten times when a
-    burst ends and seldom halves under a steady load. A counter not yet read (or reset by a
-    restart) is no sign either."""
+    burst ends and seldom halves under a steady load. But a light load finishes a few a round,
+    and a Poisson second with none reads as a fall: longtail's smallest model, two requests
+    running, finishing 0-2 a round at its peak, was called idle and lent down to its working set
+    -- its next four requests waited 2 s. So a fall counts only from a peak of ``RATE_SIGNAL``
+    finished in a round; below it, a model with requests running is not idle. A counter not yet
+    read (or reset by a restart) is no sign either."""
     if obs.waiting_requests + obs.preemptions > 0 or LEFT * obs.used_bytes > obs.limit_bytes or not counted:
         return False
+    if obs.running_requests > 0 and max(done) < RATE_SIGNAL:
+        return False  # too few finish a round to see a fall: a load that runs is still there
     return fall * done[-1] <= max(done)
 
 
@@ -231,7 +239,7 @@ def plan_demand(
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
     needs, contested = needs_of(active, mems, group.budget_bytes - pinned)
     target = targets(active, needs, group.budget_bytes - pinned)
-    restored = _restore(group, active, old, target)
+    restored = restore_bounds(group, active, old, target)
     if restored is not None:  # a spec change put limits above a maximum or the budget: fix that first
         shrinks = tuple(n for n in restored if restored[n] < old[n])
         return Plan(restored, shrinks, ()), Memory(now, mems)
@@ -249,24 +257,6 @@ def plan_demand(
     shrinks = tuple(n for n in new if new[n] < old[n])
     grows = tuple(n for n in new if new[n] > old[n])
     return Plan(new, shrinks, grows), Memory(now, mems)
-
-
-def _restore(
-    group: GroupPolicy, active: list[ModelBudget], old: Mapping[str, int], target: Mapping[str, int]
-) -> dict[str, int] | None:
-    """Limits back under every maximum and within the budget, by shrinks alone: the model
-    furthest above its target first, down to its target, then toward its minimum. None when
-    nothing is out of bounds (the usual round)."""
-    new = dict(old)
-    for m in active:
-        new[m.name] = min(new[m.name], m.max_bytes)
-    over = sum(new.values()) - group.budget_bytes
-    for floor in (target, {m.name: m.min_bytes for m in active}):
-        for m in sorted(active, key=lambda m: new[m.name] - floor[m.name], reverse=True):
-            cut = min(max(over, 0), max(0, new[m.name] - floor[m.name]))
-            new[m.name] -= cut
-            over -= cut
-    return new if new != dict(old) else None
 
 
 def _short(mem: ModelMemory) -> bool:

@@ -191,3 +191,21 @@ def _fit_budget(new: dict[str, int], old: Mapping[str, int], group: GroupPolicy,
             cut = min(over, new[name] - mins[name])
         new[name] -= max(cut, 0)
         over -= max(cut, 0)
+
+
+def restore_bounds(
+    group: GroupPolicy, active: Sequence[ModelBudget], old: Mapping[str, int], target: Mapping[str, int]
+) -> dict[str, int] | None:
+    """Limits back under every maximum and within the budget, by shrinks alone: the model
+    furthest above its target first, down to its target, then toward its minimum. None when
+    nothing is out of bounds (the usual round)."""
+    new = dict(old)
+    for m in active:
+        new[m.name] = min(new[m.name], m.max_bytes)
+    over = sum(new.values()) - group.budget_bytes
+    for floor in (target, {m.name: m.min_bytes for m in active}):
+        for m in sorted(active, key=lambda m: new[m.name] - floor[m.name], reverse=True):
+            cut = min(max(over, 0), max(0, new[m.name] - floor[m.name]))
+            new[m.name] -= cut
+            over -= cut
+    return new if new != dict(old) else None

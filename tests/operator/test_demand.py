@@ -314,3 +314,30 @@ def test_a_burst_takes_what_a_pool_is_not_holding_once_its_finishing_rate_halved
     and a keeps room for what it holds."""
     slackened = hand_over(finishing_after=6)["a"]
     assert int(4 * MiB * 1.1) <= slackened < hand_over(finishing_after=12)["a"]
+
+
+def light_load_lends(running: int) -> int:
+    """b, a light load at its fair share, finishes 1-2 a round, then none for three rounds with
+    ``running`` requests in its pool (a sixth of it used, nothing waiting); a is short from the
+    fourth round on, fewer than ``LOAN`` rounds. b's limit after them."""
+    group = two_models(dwell=8)
+    limits, memory, finished = {"a": 32 * MiB, "b": 32 * MiB}, Memory(), 0
+    for r, done in enumerate([2, 1, 2, 0, 0, 0]):
+        finished += done
+        short = r >= 3
+        observed = {"a": Observation(limits["a"], limits["a"] if short else 8 * MiB, 10 if short else 0,
+                                     running_requests=16, finished_total=8 * r),
+                    "b": Observation(limits["b"], 6 * MiB if running else 2 * MiB, running_requests=running,
+                                     finished_total=finished)}  # fmt: skip
+        result, memory = plan_demand(group, observed, memory)
+        assert isinstance(result, Plan)
+        limits = result.limits
+    return limits["b"]
+
+
+def test_a_light_load_with_requests_running_is_not_idle_for_rounds_that_finished_none() -> None:
+    """A load that finishes a request or two a round has rounds that finish none; with requests
+    running that is no sign its load left (longtail's smallest model, lent so with two requests
+    running, made its next four wait 2 s). Empty, the same pool is idle and lends."""
+    assert light_load_lends(running=2) == 32 * MiB
+    assert light_load_lends(running=0) < 32 * MiB
