@@ -27,9 +27,10 @@ within a round or two: the dwell separates noise from a change of load.
   within them from a donor whose load is still there -- unless the load has changed: a donor
   that for ``QUIET`` rounds had nothing waiting, its pool at most half used, and finished
   requests at a quarter of its peak rate over the dwell or less (a peak of ``RATE_SIGNAL`` a
-  round; a lighter load must have nothing running) has lost its load (see ``_idle``) and gives to anyone short; a recipient whose need is ``LEFT`` times its limit has
-  gained one (the dwell held both at the phase changes of alternating bursts and handed memory
-  over 3-6 s late);
+  round; a lighter load must have nothing running) has lost its load (see ``_idle``) and gives
+  to anyone short; a recipient whose need is ``LEFT`` times its limit has gained one (the
+  dwell held both at the phase changes of alternating bursts and handed memory over 3-6 s
+  late);
 * a grant above a model's fair share (the budget water-filled by weight up to every maximum, what
   a static split gives it) is a loan: a model short below its share takes it back within any
   dwell, its own or the lender's, down to the lender's share and up to what its queue needs
