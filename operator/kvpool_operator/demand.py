@@ -79,7 +79,9 @@ PERSIST = 2  #: rounds in a row a model must be short before it is granted memor
 QUEUE = 2.0  #: ... with this many requests waiting on average (EWMA, alpha 0.5), or as many as run
 SURGE = 2 * QUEUE  #: or this many waiting in one round with the pool full: a burst, granted at once
 LEFT = 2.0  #: a need ``LEFT`` times the limit: a load came
-RATE_SIGNAL = 2 * IDLE  #: finished in its busiest round of the dwell before a fall in the rate is a sign (``_idle``)
+# finished in its busiest round of the dwell before a fall in the rate is a sign (``_idle``): a
+# fourfold fall from it still leaves two a round, which a Poisson round seldom misses
+RATE_SIGNAL = 2 * IDLE
 LOAN = 4  #: rounds short before a donor whose load is still there lends below its fair share
 FULL = 0.75  #: a pool this full with requests waiting is short of memory
 
@@ -99,7 +101,7 @@ class ModelMemory:
     surge: bool = False  #: short this round with a burst's queue (``SURGE``)
     ramp: bool = False  #: short ``PERSIST`` rounds, deep, its queue now would hold ``LEFT`` x its limit
     quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
-    slack: bool = False  #: nothing waits, at most half used, finishing at most 1/``SLACK`` of its peak (``_idle``)
+    slack: bool = False  #: ``_idle`` (all its gates) with a fall to 1/``SLACK`` of its peak
     finished_seen: int | None = None  #: the engine's finished-requests counter last round (None: not yet read)
     recent_finished: tuple[int, ...] = ()  #: requests finished in each of the latest rounds (the dwell)
 
@@ -169,11 +171,12 @@ def _idle(obs: Observation, counted: bool, done: tuple[int, ...], fall: float) -
     sign: a steady load of short requests stands three quarters empty half the time, and giving
     its memory away cost it 3x at p99; the rate of finished requests falls ten times when a
     burst ends and seldom halves under a steady load. But a light load finishes a few a round,
-    and a Poisson second with none reads as a fall: longtail's smallest model, two requests
+    and a Poisson round with none reads as a fall: longtail's smallest model, two requests
     running, finishing 0-2 a round at its peak, was called idle and lent down to its working set
     -- its next four requests waited 2 s. So a fall counts only from a peak of ``RATE_SIGNAL``
-    finished in a round; below it, a model with requests running is not idle. A counter not yet
-    read (or reset by a restart) is no sign either."""
+    finished in a round; below it, a model with requests running is not idle -- the price: such a
+    light load (under 0.8 requests/s with the default 10-s round) lends only once its last request
+    ended. A counter not yet read (or reset by a restart) is no sign either."""
     if obs.waiting_requests + obs.preemptions > 0 or LEFT * obs.used_bytes > obs.limit_bytes or not counted:
         return False
     if obs.running_requests > 0 and max(done) < RATE_SIGNAL:

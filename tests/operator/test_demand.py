@@ -318,8 +318,10 @@ def test_a_burst_takes_what_a_pool_is_not_holding_once_its_finishing_rate_halved
 
 def light_load_lends(running: int) -> int:
     """b, a light load at its fair share, finishes 1-2 a round, then none for three rounds with
-    ``running`` requests in its pool (a sixth of it used, nothing waiting); a is short from the
-    fourth round on, fewer than ``LOAN`` rounds. b's limit after them."""
+    ``running`` requests in its pool (6 of its 32 MiB used, nothing waiting); a is short with a
+    burst's queue (``SURGE``) from the fourth round on, fewer than ``LOAN`` rounds, so b would lend
+    to it only with its load gone (``quiet``) or slackened (``slack``): both read ``_idle``. b's
+    limit after them."""
     group = two_models(dwell=8)
     limits, memory, finished = {"a": 32 * MiB, "b": 32 * MiB}, Memory(), 0
     for r, done in enumerate([2, 1, 2, 0, 0, 0]):
@@ -327,7 +329,7 @@ def light_load_lends(running: int) -> int:
         short = r >= 3
         observed = {"a": Observation(limits["a"], limits["a"] if short else 8 * MiB, 10 if short else 0,
                                      running_requests=16, finished_total=8 * r),
-                    "b": Observation(limits["b"], 6 * MiB if running else 2 * MiB, running_requests=running,
+                    "b": Observation(limits["b"], 6 * MiB, running_requests=running,
                                      finished_total=finished)}  # fmt: skip
         result, memory = plan_demand(group, observed, memory)
         assert isinstance(result, Plan)
@@ -338,6 +340,6 @@ def light_load_lends(running: int) -> int:
 def test_a_light_load_with_requests_running_is_not_idle_for_rounds_that_finished_none() -> None:
     """A load that finishes a request or two a round has rounds that finish none; with requests
     running that is no sign its load left (longtail's smallest model, lent so with two requests
-    running, made its next four wait 2 s). Empty, the same pool is idle and lends."""
+    running, made its next four wait 2 s). With nothing running, the same pool is idle and lends."""
     assert light_load_lends(running=2) == 32 * MiB
     assert light_load_lends(running=0) < 32 * MiB
