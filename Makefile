@@ -101,7 +101,7 @@ test-fast: install k8s-tools ## unit tests only (no e2e, no slow)
 test-gpu: install ## on an NVIDIA host: gpu tests + GPU micro-benchmarks -> results/gpu_check.json
 	PYTHON=$(PY) bench/gpu_check.sh
 
-bench-colocation: install ## models sharing one KV budget: static, free-for-all, both policies, tier off/on, three workloads, two seeds each -> pooled tables with spread, JSON, PNGs in results/ (~110 min)
+bench-colocation: install ## models sharing one KV budget: static, free-for-all, both policies, tier off/on, three workloads, two seeds each -> pooled tables with spread, JSON, PNGs in results/ (70-110 min)
 	$(PY) -m bench.bench_colocation $(ARGS)
 
 bench: install ## CPU benchmarks side by side; ratios printed, JSON in results/ (of record: bench_server, bench_engine)
