@@ -50,9 +50,9 @@ def resize(engine: Any, limit: int) -> ResizeResult:
 
 def test_greedy_outputs_are_identical_to_stock_vllm(engine: Any, stock_engine: Any) -> None:
     batch = prompts(8, 40, seed=1) + [p[:7] for p in prompts(4, 7, seed=2)]
-    ours = engine.generate(batch, greedy(24))
-    stock = stock_engine.generate(batch, greedy(24))
-    assert [c.token_ids for c in ours] == [c.token_ids for c in stock]
+    ours = engine.generate(batch, greedy_top(24))
+    stock = stock_engine.generate(batch, greedy_top(24))
+    assert_same_greedy_output(ours, stock)  # identical tokens, up to a bfloat16 tie (outputs.py)
     assert len({tuple(c.token_ids) for c in ours}) > 1  # the model is not degenerate
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from kvpool import ResizeStatus
+from tests.kvpool.vllm.outputs import assert_same_greedy_output, greedy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -34,17 +35,15 @@ def tp2_env() -> Any:
 def test_two_ranks_serve_identically_to_stock_and_resize_together(
     tiny_model: Path, tp2_env: Any, tmp_path: Path
 ) -> None:
-    from vllm import SamplingParams
-
     from kvpool.vllm.launch.args import PoolEngineConfig
     from kvpool.vllm.launch.runner import EngineRunner
 
     rng = random.Random(9)
     batch = [[rng.randrange(10, 2000) for _ in range(300)] for _ in range(6)]
-    params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+    params = greedy(16)
     stock = EngineRunner(str(tiny_model), None, max_model_len=1024, tensor_parallel_size=2)
     try:
-        expected = [c.token_ids for c in stock.generate(batch, params)]
+        expected = stock.generate(batch, params)
     finally:
         stock.close()
     config = PoolEngineConfig(
@@ -53,7 +52,7 @@ def test_two_ranks_serve_identically_to_stock_and_resize_together(
     )  # fmt: skip
     engine = EngineRunner(str(tiny_model), config, max_model_len=1024)
     try:
-        assert [c.token_ids for c in engine.generate(batch, params)] == expected
+        assert_same_greedy_output(engine.generate(batch, params), expected)
         assert engine.snapshot().mapped_bytes > 2 * MiB
         # idle pages drain at once; the resize is applied when both ranks acknowledged the unmaps
         assert engine.resize(2 * MiB, 1).status in (ResizeStatus.APPLIED, ResizeStatus.DEFERRED)
@@ -66,8 +65,8 @@ def test_two_ranks_serve_identically_to_stock_and_resize_together(
         assert len(list(tmp_path.glob("kvpool-tier-*"))) == 2  # one store per rank
         engine.resize(64 * MiB, 2)
         engine.trim()  # every cached prefix block leaves the pools; the tiers keep them
-        again = [c.token_ids for c in engine.generate(batch, params)]
-        assert again == expected  # the prefixes came back from both ranks' tiers
+        # the prefixes came back from both ranks' tiers
+        assert_same_greedy_output(engine.generate(batch, params), expected)
         prompt_blocks = len(batch) * (300 // 32)
         assert engine.snapshot().offload.hits >= prompt_blocks - 2  # page 0 may keep a block
         engine.check_integrity()
