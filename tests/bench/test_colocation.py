@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bench.bench_colocation import PARTIAL, RESULTS, parse, workloads
+from bench.bench_colocation import PARTIAL, PEAK, RESULTS, parse, workloads
 from bench.colocation_calibrate import Capacity
 from bench.colocation_configs import Config, Setup, configs, core_of, server_cmd
 from bench.colocation_report import goals, summaries_of, summarize, tables
@@ -49,7 +49,7 @@ def test_rates_come_from_the_calibration() -> None:
     assert cap.share_rps(2) < hot < cap.full_rps  # above what the share serves, below the whole budget's
     tail_hot = max(p.rate for p in tail.curves["a"])
     assert cap.share_rps(3) < tail_hot < cap.full_rps  # three models: relative to a third of the budget
-    assert tail_hot == pytest.approx(3.0 * (1 + 0.6 * (8.0 / 3.0 - 1)))
+    assert tail_hot == pytest.approx(3.0 * (1 + PEAK * (8.0 / 3.0 - 1)))
     assert flat.curves["a"][0].rate < cap.share_rps(2)  # steady: within what the share serves
 
 
@@ -159,6 +159,16 @@ def test_repeats_below_one_are_refused_by_their_flag(capsys: pytest.CaptureFixtu
         parse(["--repeats", "0"])
     assert "--repeats: 0 must be at least 1" in capsys.readouterr().err
     assert parse(["--repeats", "1"]).out == PARTIAL  # not the run of record
+
+
+@pytest.mark.parametrize("peak", ["0", "1", "1.5", "-0.2"])
+def test_a_peak_outside_the_share_to_whole_range_is_refused_by_its_flag(
+    peak: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse(["--peak", peak])
+    assert f"--peak: {float(peak)} must be between 0 and 1" in capsys.readouterr().err
+    assert parse(["--peak", "0.6"]).out == PARTIAL  # another load than the run of record's
 
 
 def test_configurations_alternate_their_order_from_one_repeat_to_the_next() -> None:
