@@ -16,8 +16,7 @@ import pytest
 
 from kvpool import OffloadStats, PoolSnapshot, ResizeStatus
 from tests.kvpool.vllm.conftest import TIER_BYTES, TIER_LIMIT, wait_until_in_use
-from tests.kvpool.vllm.outputs import assert_same_greedy_output
-from tests.kvpool.vllm.outputs import greedy as greedy_top
+from tests.kvpool.vllm.outputs import assert_same_greedy_output, greedy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -25,10 +24,6 @@ BLOCK_TOKENS = 32
 PROMPT_BLOCKS = 31  # full blocks only: the tier stores whole prompt blocks
 _revision = iter(range(1, 10**9))
 _seed = iter(range(100, 10**6))
-
-
-def greedy(max_tokens: int = 8) -> Any:
-    return greedy_top(max_tokens)
 
 
 def fresh_prompt() -> list[int]:
@@ -66,13 +61,13 @@ def store_file(engine: Any) -> Path:
 
 def test_a_prefix_evicted_from_the_pool_is_served_from_the_tier_with_identical_output(engine: Any) -> None:
     target = fresh_prompt()
-    first = engine.generate([target], greedy())[0]
+    first = engine.generate([target], greedy(8))[0]
     # four more prompts of the same size overflow the 128-block limit: vLLM evicts the target's
     # cached blocks (the oldest) to make room
     for _ in range(4):
-        engine.generate([fresh_prompt()], greedy())
+        engine.generate([fresh_prompt()], greedy(8))
     before = tier(engine)
-    again = engine.generate([target], greedy())[0]
+    again = engine.generate([target], greedy(8))[0]
     after = tier(engine)
     assert_same_greedy_output([again], [first])
     assert after.hits - before.hits >= PROMPT_BLOCKS // 2
@@ -82,7 +77,7 @@ def test_a_prefix_evicted_from_the_pool_is_served_from_the_tier_with_identical_o
 
 def test_a_shrink_demotes_cached_blocks_and_their_prefix_is_a_tier_hit(engine: Any) -> None:
     target = fresh_prompt()
-    first = engine.generate([target], greedy())[0]
+    first = engine.generate([target], greedy(8))[0]
     before = tier(engine)
     page = engine.snapshot().page_bytes
     assert engine.resize(page, next(_revision)).status in (ResizeStatus.APPLIED, ResizeStatus.DEFERRED)
@@ -93,7 +88,7 @@ def test_a_shrink_demotes_cached_blocks_and_their_prefix_is_a_tier_hit(engine: A
     assert shrunk.cached_blocks <= kept
     assert tier(engine).demoted_blocks - before.demoted_blocks >= PROMPT_BLOCKS - kept
     engine.resize(TIER_LIMIT, next(_revision))
-    again = engine.generate([target], greedy())[0]
+    again = engine.generate([target], greedy(8))[0]
     assert_same_greedy_output([again], [first])
     assert tier(engine).hits - before.hits >= PROMPT_BLOCKS - kept
     assert again.num_cached_tokens == PROMPT_BLOCKS * BLOCK_TOKENS
@@ -103,11 +98,11 @@ def test_requests_preempted_for_a_shrink_resume_from_the_tier_with_identical_out
     import threading
 
     batch = [fresh_prompt()[: 12 * BLOCK_TOKENS] for _ in range(8)]  # 8 x 12 blocks + output: ~6 MiB
-    expected = engine.generate(batch, greedy_top(96))
+    expected = engine.generate(batch, greedy(96))
     engine.trim()  # the batch's cached prefixes are gone from the pool; the tier holds them
     before, shrunk_before = tier(engine), engine.snapshot().shrink_preemptions
     out: dict[str, Any] = {}
-    worker = threading.Thread(target=lambda: out.update(got=engine.generate(batch, greedy_top(96))))
+    worker = threading.Thread(target=lambda: out.update(got=engine.generate(batch, greedy(96))))
     worker.start()
     wait_until_in_use(engine, 80)
     assert engine.resize(2 << 20, next(_revision)).status is ResizeStatus.DEFERRED  # 32 blocks
