@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kvpool_operator.demand import Memory, plan_demand
+from kvpool_operator.demand import plan_demand
+from kvpool_operator.demand_memory import Memory
 from kvpool_operator.policy import Arbitration, GroupPolicy, Infeasible, Observation, Plan, initial_limits, plan
 from kvpool_operator.pools import AdminAPI, Endpoint, PoolUnreachable
 from kvpool_operator.spec import GroupSpec

@@ -27,7 +27,7 @@ within a round or two: the dwell separates noise from a change of load.
   within them from a donor whose load is still there -- unless the load has changed: a donor
   that for ``QUIET`` rounds had nothing waiting, its pool at most half used, and finished
   requests at a quarter of its peak rate over the dwell or less (a peak of ``RATE_SIGNAL`` a
-  round; a lighter load must have nothing running) has lost its load (see ``_idle``) and gives
+  round; a lighter load must have nothing running) has lost its load (see ``looks_idle``) and gives
   to anyone short; a recipient whose need is ``LEFT`` times its limit has gained one (the
   dwell held both at the phase changes of alternating bursts and handed memory over 3-6 s
   late);
@@ -58,8 +58,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
+from kvpool_operator.demand_memory import (
+    HEADROOM,
+    LEFT,
+    PERSIST,
+    Memory,
+    ModelMemory,
+    remember,
+)
 from kvpool_operator.policy import (
     GroupPolicy,
     Infeasible,
@@ -71,117 +79,7 @@ from kvpool_operator.policy import (
     water_fill,
 )
 
-RISE, DECAY, HEADROOM = 0.7, 0.5, 1.1
-QUIET = 2  #: rounds in a row that its load looked gone (``idle``): the load left
-IDLE = 4.0  #: ... finishing at most 1/IDLE of its peak rate over the dwell, at most 1/LEFT of the pool used
-SLACK = 2.0  #: ... finishing at most 1/SLACK of it for one round: slack enough to give a burst what it does not hold
-PERSIST = 2  #: rounds in a row a model must be short before it is granted memory
-QUEUE = 2.0  #: ... with this many requests waiting on average (EWMA, alpha 0.5), or as many as run
-SURGE = 2 * QUEUE  #: or this many waiting in one round with the pool full: a burst, granted at once
-LEFT = 2.0  #: a need ``LEFT`` times the limit: a load came
-# finished in its busiest round of the dwell before a fall in the rate is a sign (``_idle``): a
-# fourfold fall from it still leaves two a round, which a Poisson round seldom misses
-RATE_SIGNAL = 2 * IDLE
 LOAN = 4  #: rounds short before a donor whose load is still there lends below its fair share
-FULL = 0.75  #: a pool this full with requests waiting is short of memory
-
-
-@dataclass(frozen=True)
-class ModelMemory:
-    """What the policy remembers of one model between rounds."""
-
-    need_ewma: float = 0.0
-    recent_used: tuple[float, ...] = ()  #: bytes used in the latest rounds (the dwell)
-    per_request: float = 0.0  #: bytes a running request holds (EWMA); 0 until one ran
-    last_grow: int = -(10**9)  #: round of the latest grant
-    last_shrink: int = -(10**9)  #: round of the latest shrink
-    short_rounds: int = 0  #: consecutive rounds short of memory, this one included
-    waiting_ewma: float = 0.0  #: requests waiting (and preempted), smoothed
-    deep: bool = False  #: ``waiting_ewma`` at ``QUEUE`` or at what runs (a small model's queue of 1-2 doubles its wait)
-    surge: bool = False  #: short this round with a burst's queue (``SURGE``)
-    ramp: bool = False  #: short ``PERSIST`` rounds, deep, its queue now would hold ``LEFT`` x its limit
-    quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
-    slack: bool = False  #: ``_idle`` (all its gates) with a fall to 1/``SLACK`` of its peak
-    finished_seen: int | None = None  #: the engine's finished-requests counter last round (None: not yet read)
-    recent_finished: tuple[int, ...] = ()  #: requests finished in each of the latest rounds (the dwell)
-
-    @property
-    def quiet(self) -> bool:
-        return self.quiet_rounds >= QUIET
-
-    @property
-    def working_set(self) -> float:
-        """The peak of its recent use: over the dwell, or only the quiet rounds once its load left."""
-        return max(self.recent_used[-QUIET:] if self.quiet else self.recent_used, default=0.0)
-
-
-@dataclass(frozen=True)
-class Memory:
-    round: int = 0
-    models: Mapping[str, ModelMemory] = field(default_factory=dict)
-
-
-def short_of_memory(obs: Observation, per_request: float) -> bool:
-    """Requests wait and the pool cannot take one more -- nothing runs, or the room left is under
-    one request's bytes or a quarter of the limit -- or the engine preempted. Requests waiting
-    beside room to spare mean the engine is short of compute, not memory."""
-    if obs.preemptions > 0:
-        return True
-    if obs.waiting_requests == 0:
-        return False
-    room = obs.limit_bytes - obs.used_bytes
-    return obs.running_requests == 0 or room < max(per_request, (1 - FULL) * obs.limit_bytes)
-
-
-def remember(prev: ModelMemory, obs: Observation, default_per_request: float, window: int) -> ModelMemory:
-    """Fold one observation into a model's memory (its use over the latest ``window`` rounds).
-    Until a request of its own has run, a model's requests are assumed to be
-    ``default_per_request`` bytes (the group's largest seen)."""
-    per = prev.per_request
-    if obs.running_requests > 0 and obs.used_bytes > 0:
-        now = obs.used_bytes / obs.running_requests
-        per = now if per == 0 else 0.5 * per + 0.5 * now
-    assumed = per or default_per_request
-    short = short_of_memory(obs, assumed)
-    wanted = obs.used_bytes + (obs.waiting_requests + obs.preemptions) * assumed if short else obs.used_bytes
-    alpha = RISE if wanted > prev.need_ewma else DECAY
-    need = prev.need_ewma + alpha * (wanted - prev.need_ewma)
-    keep = max(window, QUIET)
-    recent = (*prev.recent_used, float(obs.used_bytes))[-keep:]
-    counted, finished = prev.finished_seen is not None, obs.finished_total - (prev.finished_seen or 0)
-    done = (*prev.recent_finished, max(0, finished))[-keep:] if counted else ()
-    idle = _idle(obs, counted and finished >= 0, done, IDLE)
-    streak = prev.short_rounds + 1 if short else 0
-    queue = 0.5 * prev.waiting_ewma + 0.5 * (obs.waiting_requests + obs.preemptions)
-    surge = short and obs.waiting_requests + obs.preemptions >= SURGE
-    quiet = prev.quiet_rounds + 1 if idle else 0
-    deep = queue >= min(QUEUE, max(1, obs.running_requests))
-    # a load that came: judged on the queue now, not on the need, which still carries a burst that
-    # just left (judged on that, a model took a share from the next burst for a round and gave it back)
-    ramp = streak >= PERSIST and deep and wanted * HEADROOM >= LEFT * obs.limit_bytes
-    return replace(prev, need_ewma=need, recent_used=recent, per_request=per, short_rounds=streak,
-                   waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp, quiet_rounds=quiet,
-                   slack=_idle(obs, counted and finished >= 0, done, SLACK),
-                   finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
-
-
-def _idle(obs: Observation, counted: bool, done: tuple[int, ...], fall: float) -> bool:
-    """Its load looks gone this round: nothing waits, the pool is at most half used, and it
-    finished at most 1/``fall`` of its peak per round over the dwell. Concurrency alone was no
-    sign: a steady load of short requests stands three quarters empty half the time, and giving
-    its memory away cost it 3x at p99; the rate of finished requests falls ten times when a
-    burst ends and seldom halves under a steady load. But a light load finishes a few a round,
-    and a Poisson round with none reads as a fall: longtail's smallest model, two requests
-    running, finishing 0-2 a round at its peak, was called idle and lent down to its working set
-    -- its next four requests waited 2 s. So a fall counts only from a peak of ``RATE_SIGNAL``
-    finished in a round; below it, a model with requests running is not idle -- the price: such a
-    light load (under 0.8 requests/s with the default 10-s round) lends only once its last request
-    ended. A counter not yet read (or reset by a restart) is no sign either."""
-    if obs.waiting_requests + obs.preemptions > 0 or LEFT * obs.used_bytes > obs.limit_bytes or not counted:
-        return False
-    if obs.running_requests > 0 and max(done) < RATE_SIGNAL:
-        return False  # too few finish a round to see a fall: a load that runs is still there
-    return fall * done[-1] <= max(done)
 
 
 def need(m: ModelBudget, mem: ModelMemory) -> int:

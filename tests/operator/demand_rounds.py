@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from kvpool_operator.demand import Memory, plan_demand
+from kvpool_operator.demand import plan_demand
+from kvpool_operator.demand_memory import Memory
 from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation, Plan
 
 MiB = 1 << 20

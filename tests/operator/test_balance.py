@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 from kvpool_operator.balance import Balancer
-from kvpool_operator.demand import LOAN, PERSIST, Memory, ModelMemory
+from kvpool_operator.demand import LOAN
+from kvpool_operator.demand_memory import PERSIST, Memory, ModelMemory
 from kvpool_operator.pools import Endpoint, PoolUnreachable
 from kvpool_operator.spec import GroupSpec, parse_group
 from kvpool_operator.wire import PoolState, ResizeReply

@@ -10,17 +10,8 @@ from dataclasses import dataclass, replace
 
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
-from kvpool_operator.demand import (
-    PERSIST,
-    QUIET,
-    SURGE,
-    Memory,
-    fair_shares,
-    need,
-    needs_of,
-    plan_demand,
-    targets,
-)
+from kvpool_operator.demand import fair_shares, need, needs_of, plan_demand, targets
+from kvpool_operator.demand_memory import PERSIST, QUIET, SURGE, Memory
 from kvpool_operator.policy import GroupPolicy, Infeasible, ModelBudget, Observation, Plan
 
 from tests.operator.demand_rounds import MiB, run, three_models, two_models
@@ -320,7 +311,7 @@ def light_load_lends(running: int) -> int:
     """b, a light load at its fair share, finishes 1-2 a round, then none for three rounds with
     ``running`` requests in its pool (6 of its 32 MiB used, nothing waiting); a is short with a
     burst's queue (``SURGE``) from the fourth round on, fewer than ``LOAN`` rounds, so b would lend
-    to it only with its load gone (``quiet``) or slackened (``slack``): both read ``_idle``. b's
+    to it only with its load gone (``quiet``) or slackened (``slack``): both read ``looks_idle``. b's
     limit after them."""
     group = two_models(dwell=8)
     limits, memory, finished = {"a": 32 * MiB, "b": 32 * MiB}, Memory(), 0

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvpool_operator.demand import LOAN, PERSIST, SURGE, Memory, ModelMemory, plan_demand
+from kvpool_operator.demand import LOAN, plan_demand
+from kvpool_operator.demand_memory import PERSIST, SURGE, Memory, ModelMemory
 from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation, Plan
 
 from tests.operator.demand_rounds import MiB, run, three_models, two_models
