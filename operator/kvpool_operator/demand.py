@@ -38,6 +38,8 @@ within a round or two: the dwell separates noise from a change of load.
   whole share back at once. A model whose load is still there lends below its share only to one
   short for ``LOAN`` rounds (lent after two, it recalled the loan at its next spike: a flap) --
   or to a burst once its own load slackened for a round (``ModelMemory.slack``);
+* a model short for one round below its share while another holds more than its own with no
+  request (``_beside_an_empty_holder``) claims its share at once, as a burst does;
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
   rounds once its load left. Giving a steady load's memory away down to its momentary use made
   it short seconds later (8 moves a minute with a two-round window).
@@ -139,6 +141,8 @@ def plan_demand(
     old = {m.name: observed[m.name].limit_bytes for m in group.models}
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
+    fair = fair_shares(active, group.budget_bytes - pinned)
+    mems = _beside_an_empty_holder(active, observed, fair, mems)
     needs, contested = needs_of(active, mems, group.budget_bytes - pinned)
     target = targets(active, needs, group.budget_bytes - pinned)
     restored = restore_bounds(group, active, old, target)
@@ -147,7 +151,6 @@ def plan_demand(
         return Plan(restored, shrinks, ()), Memory(now, mems)
     new = dict(old)
     free = group.budget_bytes - sum(old.values())
-    fair = fair_shares(active, group.budget_bytes - pinned)
     move = _one_move(Round(group, active, observed, target, fair, mems, now, free, default, contested))
     if move is not None:
         donor, recipient, amount = move
@@ -159,6 +162,22 @@ def plan_demand(
     shrinks = tuple(n for n in new if new[n] < old[n])
     grows = tuple(n for n in new if new[n] > old[n])
     return Plan(new, shrinks, grows), Memory(now, mems)
+
+
+def _beside_an_empty_holder(
+    active: list[ModelBudget], observed: Mapping[str, Observation], fair: Mapping[str, int],
+    mems: dict[str, ModelMemory],
+) -> dict[str, ModelMemory]:  # fmt: skip
+    """A model short below its fair share while another holds more than its own with nothing
+    running or waiting claims its share at once, as a burst's queue (``surge``) does: nobody
+    loses a request to it. Waiting for a second short round or a queue of ``SURGE``, a burst
+    stood one round at 2.75 MiB of its 8-MiB share beside a 13.25-MiB pool holding no request."""
+    empty = any(observed[m.name].limit_bytes > fair[m.name] and observed[m.name].running_requests == 0
+                and observed[m.name].waiting_requests + observed[m.name].preemptions == 0 for m in active)  # fmt: skip
+    if not empty:
+        return mems
+    claims = {m.name for m in active if mems[m.name].short_rounds >= 1 and observed[m.name].limit_bytes < fair[m.name]}
+    return {n: replace(mem, surge=True) if n in claims else mem for n, mem in mems.items()}
 
 
 def _short(mem: ModelMemory) -> bool:

@@ -144,3 +144,17 @@ def test_the_rest_of_a_claimed_share_is_granted_though_less_than_a_request() -> 
     group = two_models(dwell=8)
     limits, _, _ = run(group, {"a": 16, "b": 15 + SURGE}, 1, {"a": 33 * MiB, "b": 31 * MiB})
     assert limits == {"a": 32 * MiB, "b": 32 * MiB}
+
+
+def test_a_short_model_takes_its_share_at_once_from_a_pool_holding_no_request() -> None:
+    """b queues two requests (fewer than a burst's ``SURGE``) in its first short round, while a
+    holds a loan and runs nothing: b takes its whole share back in that round. While a still
+    runs its load, one short round with a short queue moves nothing."""
+    group = replace(two_models(dwell=8), max_step_bytes=64 * MiB)
+    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
+    assert limits["b"] < 32 * MiB
+    queue = {"b": limits["b"] // (2 * MiB) + 2}
+    beside_empty, _, _ = run(group, {"a": 0, **queue}, 1, limits, memory)
+    assert beside_empty["b"] >= 32 * MiB
+    beside_busy, _, _ = run(group, {"a": 26, **queue}, 1, limits, memory)
+    assert beside_busy == limits
