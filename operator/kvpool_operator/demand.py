@@ -255,11 +255,16 @@ class Round:
 
 
 def _wanting(r: Round) -> list[ModelBudget]:
-    """Models below their minimum if any, else those short (``_short``) below their targets;
-    furthest below its target (by weight) first."""
+    """Models below their minimum if any, else those short (``_short``) below their targets: those
+    below their fair share first (an idle donor's memory went to a model above its share while
+    longtail's smallest, below its own, waited 3 s), then furthest below its target (by weight)."""
     below = [m for m in r.active if r.observed[m.name].below(m.min_bytes)]
     short = [m for m in r.active if r.target[m.name] > r.limit(m.name) and _short(r.mems[m.name])]
-    return sorted(below or short, key=lambda m: (r.target[m.name] - r.limit(m.name)) * m.weight, reverse=True)
+
+    def order(m: ModelBudget) -> tuple[bool, float]:
+        return r.limit(m.name) < r.fair[m.name], (r.target[m.name] - r.limit(m.name)) * m.weight
+
+    return sorted(below or short, key=order, reverse=True)
 
 
 def _one_move(r: Round) -> tuple[str | None, str, int] | None:

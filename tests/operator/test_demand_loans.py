@@ -158,3 +158,15 @@ def test_a_short_model_takes_its_share_at_once_from_a_pool_holding_no_request() 
     assert beside_empty["b"] >= 32 * MiB
     beside_busy, _, _ = run(group, {"a": 26, **queue}, 1, limits, memory)
     assert beside_busy == limits
+
+
+def test_an_idle_models_memory_goes_first_to_a_model_short_below_its_share() -> None:
+    """a's load left; b, above its share, and c, at half its share, both queue. c gets its share
+    in the first round, before b grows: a's memory went to b for three rounds while c waited at
+    16 MiB (longtail's smallest model waited 3 s so)."""
+    group = three_models(dwell=8)
+    limits, memory, _ = run(group, {"a": 36, "b": 18, "c": 0}, 6, {"a": 32 * MiB, "b": 32 * MiB, "c": 32 * MiB})
+    assert limits["c"] < 32 * MiB <= limits["b"]
+    first, _, _ = run(group, {"a": 0, "b": 30, "c": limits["c"] // (2 * MiB) + 3}, 1, limits, memory)
+    assert first["c"] >= 32 * MiB
+    assert first["b"] == limits["b"]
