@@ -27,7 +27,7 @@ within a round or two: the dwell separates noise from a change of load.
   within them from a donor whose load is still there -- unless the load has changed: a donor
   that for ``QUIET`` rounds had nothing waiting, its pool at most half used, and finished
   requests at a quarter of its peak rate over the dwell or less (a peak of ``RATE_SIGNAL`` a
-  round; a lighter load must have nothing running) has lost its load (see ``looks_idle``) and gives
+  round; a lighter load must have nothing running) has lost its load (see ``demand_memory.looks_idle``) and gives
   to anyone short; a recipient whose need is ``LEFT`` times its limit has gained one (the
   dwell held both at the phase changes of alternating bursts and handed memory over 3-6 s
   late);
@@ -169,9 +169,12 @@ def _beside_an_empty_holder(
     mems: dict[str, ModelMemory],
 ) -> dict[str, ModelMemory]:  # fmt: skip
     """A model short below its fair share while another holds more than its own with nothing
-    running or waiting claims its share at once, as a burst's queue (``surge``) does: nobody
-    loses a request to it. Waiting for a second short round or a queue of ``SURGE``, a burst
-    stood one round at 2.75 MiB of its 8-MiB share beside a 13.25-MiB pool holding no request."""
+    running or waiting is a burst (``surge``) this round: it claims its share at once, and every
+    burst rule applies to it -- a donor whose rate just halved (``slack``) may give to it down to
+    what it holds, so the memory may come from another model than the empty holder, as for a
+    burst of ``SURGE``. Waiting for a second short round or a queue of ``SURGE``, a burst stood
+    one round at 2.75 MiB of its 8-MiB share beside a 13.25-MiB pool holding no request. The
+    flag lives one round: ``remember`` sets it afresh."""
     empty = any(observed[m.name].limit_bytes > fair[m.name] and observed[m.name].running_requests == 0
                 and observed[m.name].waiting_requests + observed[m.name].preemptions == 0 for m in active)  # fmt: skip
     if not empty:
@@ -181,7 +184,8 @@ def _beside_an_empty_holder(
 
 
 def _short(mem: ModelMemory) -> bool:
-    """Short long enough with a queue deep enough, or short with a burst's queue."""
+    """Short long enough with a queue deep enough, or a burst: short with a burst's queue, or
+    short below its share beside an empty holder (``_beside_an_empty_holder``)."""
     return (mem.short_rounds >= PERSIST and mem.deep) or mem.surge
 
 
@@ -215,7 +219,7 @@ class Asks:
 
     settled: bool  #: past the dwell of its latest shrink, or its load came (``_settled``), or below its minimum
     claim: int  #: bytes it takes back below its fair share within any dwell (``_claim``)
-    burst: bool  #: short with a burst's queue (``SURGE``) in a round whose needs exceed the budget
+    burst: bool  #: a burst (``ModelMemory.surge``) in a round whose needs exceed the budget
     short_rounds: int
 
 
