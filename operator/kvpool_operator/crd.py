@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpool_operator.spec import MAX_MODELS, NAME_RE, QUANTITY_RE
+from kvpool_operator.spec import MAX_MODELS, MAX_WEIGHT, NAME_RE, QUANTITY_RE
 
 GROUP, VERSION, KIND, PLURAL = "kvpool.dev", "v1alpha1", "ColocatedModels", "colocatedmodels"
 
@@ -101,7 +101,7 @@ def _model_schema() -> dict[str, Any]:
                       "description": "model path or Hugging Face id; tiny: the embedded random test model"},
             "minBytes": {**_BYTES, "description": "KV memory this model always keeps"},
             "maxBytes": {**_BYTES, "description": "KV memory this model never exceeds"},
-            "weight": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
+            "weight": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": MAX_WEIGHT,
                        "description": "share of the memory above the minimums, times demand (default 1)"},
             "args": {"type": "array", "items": {"type": "string"}, "description": "extra kvpool-server flags"},
         },

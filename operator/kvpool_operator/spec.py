@@ -40,6 +40,7 @@ from kvpool_operator.policy import Arbitration, GroupPolicy, ModelBudget
 
 # each model takes ports 8000 + i and 8100 + i; the chart's NetworkPolicy lists the OpenAI ones
 MAX_MODELS = 16
+MAX_WEIGHT = 1_000_000  #: a model's weight is at most this (the policies multiply bytes by it)
 
 _UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9}
 QUANTITY_RE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G)?$")
@@ -213,8 +214,10 @@ def _model(raw: Any, path: str) -> tuple[ModelBudget, ModelSpec]:
     if lo > hi:
         raise SpecError(f"{path}: minBytes ({lo}) must not exceed maxBytes ({hi})")
     weight = raw.get("weight", 1)
-    if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
-        raise SpecError(f"{path}.weight: {weight!r} must be a positive number")
+    # bounded: the policies multiply bytes by weights and sum them, and a weight near the float
+    # maximum made the start-up split inf/inf (a crash building the Deployment)
+    if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not 0 < weight <= MAX_WEIGHT:
+        raise SpecError(f"{path}.weight: {weight!r} must be a positive number up to {MAX_WEIGHT}")
     args = raw.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise SpecError(f"{path}.args: must be a list of strings (extra kvpool-server flags)")

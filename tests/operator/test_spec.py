@@ -66,6 +66,7 @@ def test_quantities(value: Any, expected: int) -> None:
         ({"models": [{"name": "a", "model": "m", "maxBytes": 1}]}, r"spec.models[0].minBytes is required"),
         ({"models": [{"name": "a", "model": "m", "minBytes": 5, "maxBytes": 4}]}, "minBytes (5) must not exceed"),
         ({"models": [{"name": "a", "model": "m", "minBytes": 0, "maxBytes": 4, "weight": 0}]}, ".weight: 0"),
+        ({"models": [{"name": "a", "model": "m", "minBytes": 0, "maxBytes": 4, "weight": 1e308}]}, "up to 1000000"),
         ({"rebalance": {"intervalSeconds": 0}}, "spec.rebalance.intervalSeconds"),
         ({"rebalance": {"policy": "greedy"}}, "spec.rebalance.policy: 'greedy' is not a policy; use one of demand"),
         ({"rebalance": {"minDwellSeconds": -1}}, "spec.rebalance.minDwellSeconds: -1 must be a number of seconds"),
