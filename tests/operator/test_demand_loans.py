@@ -170,3 +170,14 @@ def test_an_idle_models_memory_goes_first_to_a_model_short_below_its_share() -> 
     first, _, _ = run(group, {"a": 0, "b": 30, "c": limits["c"] // (2 * MiB) + 3}, 1, limits, memory)
     assert first["c"] >= 32 * MiB
     assert first["b"] == limits["b"]
+
+
+def test_a_model_lent_below_its_share_keeps_room_for_one_request_more_than_it_used() -> None:
+    """c served three requests, then none: its idle memory goes to a's queue, down to its minimum
+    and one request more -- not to the minimum, which holds one request (two that came together
+    to longtail's smallest model so waited 3.1 s, one for the other, 29x its static p99)."""
+    group = GroupPolicy(64 * MiB, (ModelBudget("a", 2 * MiB, 64 * MiB), ModelBudget("c", 2 * MiB, 64 * MiB)),
+                        hysteresis_bytes=2 * MiB, max_step_bytes=16 * MiB, dwell_rounds=2)  # fmt: skip
+    limits, memory, _ = run(group, {"a": 30, "c": 3}, 4, {"a": 32 * MiB, "c": 32 * MiB})
+    lent, _, _ = run(group, {"a": 40, "c": 0}, 12, limits, memory)
+    assert lent == {"a": 60 * MiB, "c": 2 * MiB + 2 * MiB}  # c: its minimum and one 2-MiB request
