@@ -42,7 +42,9 @@ within a round or two: the dwell separates noise from a change of load.
   request (``_beside_an_empty_holder``) claims its share at once, as a burst does;
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
   rounds once its load left. Giving a steady load's memory away down to its momentary use made
-  it short seconds later (8 moves a minute with a two-round window).
+  it short seconds later (8 moves a minute with a two-round window). Below its fair share it
+  keeps room for one request more (``_lends_to``): two requests arriving together must not wait
+  for a claim's round trip.
 
 A spec change that leaves limits above a maximum or over the budget is undone first, by shrinks
 alone (the Balancer applies them before any grant). Fast grow, slower shrink: the need's EWMA
