@@ -172,7 +172,7 @@ def test_an_idle_models_memory_goes_first_to_a_model_short_below_its_share() -> 
     assert first["b"] == limits["b"]
 
 
-def test_a_model_lent_below_its_share_keeps_room_for_one_request_more_than_it_used() -> None:
+def test_a_model_lent_below_its_share_keeps_room_for_one_request_more_than_its_target() -> None:
     """c served three requests, then none: its idle memory goes to a's queue, down to its minimum
     and one request more -- not to the minimum, which holds one request (two that came together
     to longtail's smallest model so waited 3.1 s, one for the other, 29x its static p99)."""
