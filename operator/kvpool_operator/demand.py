@@ -38,8 +38,9 @@ within a round or two: the dwell separates noise from a change of load.
   whole share back at once. A model whose load is still there lends below its share only to one
   short for ``LOAN`` rounds (lent after two, it recalled the loan at its next spike: a flap) --
   or to a burst once its own load slackened for a round (``ModelMemory.slack``);
-* a model short for one round below its share while another holds more than its own with no
-  request (``_beside_an_empty_holder``) claims its share at once, as a burst does;
+* a model short for one round below its share while another holds more than its own, nothing
+  of it waiting and as much of it unused as the first lacks (``_beside_an_idle_loan``), claims
+  its share at once, as a burst does;
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
   rounds once its load left. Giving a steady load's memory away down to its momentary use made
   it short seconds later (8 moves a minute with a two-round window). Below its fair share it
@@ -144,7 +145,7 @@ def plan_demand(
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
     fair = fair_shares(active, group.budget_bytes - pinned)
-    mems = _beside_an_empty_holder(active, observed, fair, mems)
+    mems = _beside_an_idle_loan(active, observed, fair, mems)
     needs, contested = needs_of(active, mems, group.budget_bytes - pinned)
     target = targets(active, needs, group.budget_bytes - pinned)
     restored = restore_bounds(group, active, old, target)
@@ -166,28 +167,40 @@ def plan_demand(
     return Plan(new, shrinks, grows), Memory(now, mems)
 
 
-def _beside_an_empty_holder(
+def _beside_an_idle_loan(
     active: list[ModelBudget], observed: Mapping[str, Observation], fair: Mapping[str, int],
     mems: dict[str, ModelMemory],
 ) -> dict[str, ModelMemory]:  # fmt: skip
-    """A model short below its fair share while another holds more than its own with nothing
-    running or waiting is a burst (``surge``) this round: it claims its share at once, and every
-    burst rule applies to it -- a donor whose rate just halved (``slack``) may give to it down to
-    what it holds, so the memory may come from another model than the empty holder, as for a
-    burst of ``SURGE``. Waiting for a second short round or a queue of ``SURGE``, a burst stood
-    one round at 2.75 MiB of its 8-MiB share beside a 13.25-MiB pool holding no request. The
-    flag lives one round: ``remember`` sets it afresh."""
-    empty = any(observed[m.name].limit_bytes > fair[m.name] and observed[m.name].running_requests == 0
-                and observed[m.name].waiting_requests + observed[m.name].preemptions == 0 for m in active)  # fmt: skip
-    if not empty:
-        return mems
-    claims = {m.name for m in active if mems[m.name].short_rounds >= 1 and observed[m.name].limit_bytes < fair[m.name]}
+    """A model short below its fair share while another holds more than its own share, nothing
+    of it waiting and as much of it unused as the first lacks of its share (``_idle_loan``), is a
+    burst (``surge``) this round: it claims its share at once, and every burst rule applies to it
+    -- a donor whose rate just halved (``slack``) may give to it down to what it holds, so the
+    memory may come from another model than the idle holder, as for a burst of ``SURGE``. Waiting
+    for a second short round or a queue of ``SURGE``, a burst stood one round at 2.75 MiB of its
+    8-MiB share beside a 13.25-MiB pool holding no request, and longtail's smallest model 2.5 s
+    at 2.5 MiB of its 5.33 beside an 11-MiB pool running three requests (its worst requests came
+    then). A loan in use is not idle: a queue of two beside it waits for a second round. The flag
+    lives one round: ``remember`` sets it afresh."""
+    idle = {m.name: _idle_loan(observed[m.name], fair[m.name]) for m in active}
+    claims = set()
+    for m in active:
+        lacks = fair[m.name] - observed[m.name].limit_bytes
+        if mems[m.name].short_rounds >= 1 and lacks > 0 and any(idle[n] >= lacks for n in idle if n != m.name):
+            claims.add(m.name)
     return {n: replace(mem, surge=True) if n in claims else mem for n, mem in mems.items()}
+
+
+def _idle_loan(obs: Observation, fair: int) -> int:
+    """Bytes of a pool above its fair share that no request holds or waits for now: its unused
+    memory (all of it if nothing runs); none at or below its share, or with requests waiting."""
+    if obs.limit_bytes <= fair or obs.waiting_requests + obs.preemptions > 0:
+        return 0
+    return obs.limit_bytes - (obs.used_bytes if obs.running_requests else 0)
 
 
 def _short(mem: ModelMemory) -> bool:
     """Short long enough with a queue deep enough, or a burst: short with a burst's queue, or
-    short below its share beside an empty holder (``_beside_an_empty_holder``)."""
+    short below its share beside an idle loan (``_beside_an_idle_loan``)."""
     return (mem.short_rounds >= PERSIST and mem.deep) or mem.surge
 
 

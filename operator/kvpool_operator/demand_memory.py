@@ -37,7 +37,7 @@ class ModelMemory:
     short_rounds: int = 0  #: consecutive rounds short of memory, this one included
     waiting_ewma: float = 0.0  #: requests waiting (and preempted), smoothed
     deep: bool = False  #: ``waiting_ewma`` at ``QUEUE`` or at what runs (a small model's queue of 1-2 doubles its wait)
-    surge: bool = False  #: a burst this round: short with a queue of ``SURGE`` (or beside an empty holder, demand.py)
+    surge: bool = False  #: a burst this round: short with a queue of ``SURGE`` (or beside an idle loan, demand.py)
     ramp: bool = False  #: short ``PERSIST`` rounds, deep, its queue now would hold ``LEFT`` x its limit
     quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
     slack: bool = False  #: ``looks_idle`` (all its gates) with a fall to 1/``SLACK`` of its peak

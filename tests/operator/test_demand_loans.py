@@ -160,6 +160,20 @@ def test_a_short_model_takes_its_share_at_once_from_a_pool_holding_no_request() 
     assert beside_busy == limits
 
 
+def test_a_short_model_takes_its_share_at_once_beside_a_loan_that_stands_idle() -> None:
+    """c was lent half its share; b holds a loan of 16 MiB and runs five requests (10 MiB) with
+    none waiting. c's first short round with a queue of two takes its whole share back from b's
+    unused memory (longtail's smallest model waited 2.5 s at half its share beside such a pool).
+    A loan in use -- b's pool nearly full -- gives nothing to one short round."""
+    group = three_models(dwell=8)
+    limits = {"a": 32 * MiB, "b": 48 * MiB, "c": 16 * MiB}
+    queue = {"a": 16, "c": 16 // 2 + 2}
+    idle, _, _ = run(group, {**queue, "b": 5}, 1, limits)
+    assert idle == {"a": 32 * MiB, "b": 32 * MiB, "c": 32 * MiB}
+    in_use, _, _ = run(group, {**queue, "b": 22}, 1, limits)
+    assert in_use == limits
+
+
 def test_an_idle_models_memory_goes_first_to_a_model_short_below_its_share() -> None:
     """a's load left; b, above its share, and c, at half its share, both queue. c gets its share
     in the first round, before b grows: a's memory went to b for three rounds while c waited at
