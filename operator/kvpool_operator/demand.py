@@ -38,9 +38,9 @@ within a round or two: the dwell separates noise from a change of load.
   whole share back at once. A model whose load is still there lends below its share only to one
   short for ``LOAN`` rounds (lent after two, it recalled the loan at its next spike: a flap) --
   or to a burst once its own load slackened for a round (``ModelMemory.slack``);
-* a model short for one round below its share while another holds more than its own, nothing
-  of it waiting and as much of it unused as the first lacks (``_beside_an_idle_loan``), claims
-  its share at once, as a burst does;
+* a model short for one round below its share while another holds more than its own with
+  nothing of it waiting, and runs nothing or has at least as much unused as the first lacks
+  (``_beside_an_idle_loan``), claims its share at once, as a burst does;
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
   rounds once its load left. Giving a steady load's memory away down to its momentary use made
   it short seconds later (8 moves a minute with a two-round window). Below its fair share it
@@ -171,31 +171,31 @@ def _beside_an_idle_loan(
     active: list[ModelBudget], observed: Mapping[str, Observation], fair: Mapping[str, int],
     mems: dict[str, ModelMemory],
 ) -> dict[str, ModelMemory]:  # fmt: skip
-    """A model short below its fair share while another holds more than its own share, nothing
-    of it waiting and as much of it unused as the first lacks of its share (``_idle_loan``), is a
+    """A model short below its fair share beside a loan that stands idle (``_stands_idle``) is a
     burst (``surge``) this round: it claims its share at once, and every burst rule applies to it
     -- a donor whose rate just halved (``slack``) may give to it down to what it holds, so the
     memory may come from another model than the idle holder, as for a burst of ``SURGE``. Waiting
     for a second short round or a queue of ``SURGE``, a burst stood one round at 2.75 MiB of its
     8-MiB share beside a 13.25-MiB pool holding no request, and longtail's smallest model 2.5 s
     at 2.5 MiB of its 5.33 beside an 11-MiB pool running three requests (its worst requests came
-    then). A loan in use is not idle: a queue of two beside it waits for a second round. The flag
-    lives one round: ``remember`` sets it afresh."""
-    idle = {m.name: _idle_loan(observed[m.name], fair[m.name]) for m in active}
-    claims = set()
-    for m in active:
-        lacks = fair[m.name] - observed[m.name].limit_bytes
-        if mems[m.name].short_rounds >= 1 and lacks > 0 and any(idle[n] >= lacks for n in idle if n != m.name):
-            claims.add(m.name)
+    then). A loan in use is not idle: a queue of two beside it waits for a second round. Each
+    holder is weighed alone: two part-idle loans do not add up to one claim. The flag lives one
+    round: ``remember`` sets it afresh."""
+    claims = {m.name for m in active
+              if mems[m.name].short_rounds >= 1 and observed[m.name].limit_bytes < fair[m.name]
+              and any(_stands_idle(observed[n.name], fair[n.name], fair[m.name] - observed[m.name].limit_bytes)
+                      for n in active)}  # fmt: skip
     return {n: replace(mem, surge=True) if n in claims else mem for n, mem in mems.items()}
 
 
-def _idle_loan(obs: Observation, fair: int) -> int:
-    """Bytes of a pool above its fair share that no request holds or waits for now: its unused
-    memory (all of it if nothing runs); none at or below its share, or with requests waiting."""
+def _stands_idle(obs: Observation, fair: int, lacks: int) -> bool:
+    """A pool above its fair share (a loan; so never the claimant's own, below its share) with
+    nothing waiting or preempted, that runs nothing or has at least ``lacks`` bytes unused now.
+    Unused, not only above its share: the claim takes from the holder no more than its loan
+    (``_room``), and what the surge lends besides comes from a donor whose own load slackened."""
     if obs.limit_bytes <= fair or obs.waiting_requests + obs.preemptions > 0:
-        return 0
-    return obs.limit_bytes - (obs.used_bytes if obs.running_requests else 0)
+        return False
+    return obs.running_requests == 0 or obs.limit_bytes - obs.used_bytes >= lacks
 
 
 def _short(mem: ModelMemory) -> bool:

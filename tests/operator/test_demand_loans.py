@@ -161,17 +161,30 @@ def test_a_short_model_takes_its_share_at_once_from_a_pool_holding_no_request() 
 
 
 def test_a_short_model_takes_its_share_at_once_beside_a_loan_that_stands_idle() -> None:
-    """c was lent half its share; b holds a loan of 16 MiB and runs five requests (10 MiB) with
-    none waiting. c's first short round with a queue of two takes its whole share back from b's
-    unused memory (longtail's smallest model waited 2.5 s at half its share beside such a pool).
-    A loan in use -- b's pool nearly full -- gives nothing to one short round."""
-    group = three_models(dwell=8)
-    limits = {"a": 32 * MiB, "b": 48 * MiB, "c": 16 * MiB}
-    queue = {"a": 16, "c": 16 // 2 + 2}
-    idle, _, _ = run(group, {**queue, "b": 5}, 1, limits)
+    """c's idle memory went to b's queue; now b runs five requests (10 MiB of its loan) with none
+    waiting, and c's first short round with a queue of two takes c's whole share back, within
+    b's dwell (longtail's smallest model waited 2.5 s at half its share beside such a pool). A
+    loan in use -- b's pool one request from full -- gives nothing to one short round."""
+    group = replace(three_models(dwell=8), max_step_bytes=64 * MiB)
+    limits, memory, _ = run(group, {"a": 16, "b": 30, "c": 0}, 6, {"a": 32 * MiB, "b": 32 * MiB, "c": 32 * MiB})
+    assert limits["c"] < 32 * MiB < limits["b"]
+    queue = {"a": 16, "c": limits["c"] // (2 * MiB) + 2}
+    idle, _, _ = run(group, {**queue, "b": 5}, 1, limits, memory)
     assert idle == {"a": 32 * MiB, "b": 32 * MiB, "c": 32 * MiB}
-    in_use, _, _ = run(group, {**queue, "b": 22}, 1, limits)
+    in_use, _, _ = run(group, {**queue, "b": limits["b"] // (2 * MiB) - 1}, 1, limits, memory)
     assert in_use == limits
+
+
+def test_a_pool_running_nothing_is_an_idle_loan_whatever_the_shares() -> None:
+    """Shares 32/16/16 (weights 2:1:1): a lacks 24 MiB of its share; b holds a 4-MiB loan and runs
+    nothing. a's first short round with a queue of two takes memory at once, though b's pool
+    (20 MiB) is smaller than what a lacks: a pool running nothing stands idle whatever its size."""
+    group = GroupPolicy(64 * MiB, (ModelBudget("a", 4 * MiB, 64 * MiB, weight=2.0),
+                                   ModelBudget("b", 4 * MiB, 64 * MiB), ModelBudget("c", 4 * MiB, 64 * MiB)),
+                        hysteresis_bytes=2 * MiB, max_step_bytes=64 * MiB, dwell_rounds=8)  # fmt: skip
+    limits = {"a": 8 * MiB, "b": 20 * MiB, "c": 36 * MiB}
+    after, _, _ = run(group, {"a": 4 + 2, "b": 0, "c": 18}, 1, limits)
+    assert after["a"] > limits["a"]
 
 
 def test_an_idle_models_memory_goes_first_to_a_model_short_below_its_share() -> None:
