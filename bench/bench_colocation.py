@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     speed: dict[str, float] = {}  #: the machine's rate with the whole budget after each workload
     with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
         cap = calibrate(setup, tuple(MODELS[n] for n in names), shape, Path(d))
-        print(f"calibration: {cap}")
+        print(cap.line(), flush=True)
         for i, work in enumerate(workloads(names, cap, args.phase_s, args.peak)):
             results[work.name] = {c.name: [] for c in cfgs}
             for k in range(args.repeats):
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
             speed[work.name] = remeasure(setup, cap, shape, Path(d))
             # every workload's results as they come: a run cut short keeps the workloads it finished
             meta = {**vars(args), "out": str(args.out), "capacity": cap.__dict__, "memory_bound": cap.memory_bound,
-                    "speed_after": speed, "drift": drift_line(cap, speed)}  # fmt: skip
+                    "calibration": cap.line(), "speed_after": speed, "drift": drift_line(cap, speed)}  # fmt: skip
             report(results, meta, args.out)
 
 

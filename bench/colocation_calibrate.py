@@ -4,6 +4,14 @@ enough clients to keep the pool full). The workloads' rates are set from these t
 busy model asks for more than its share can serve and less than its core can compute -- on any
 machine of this kind. If the whole budget serves no more than the share, memory is not what
 limits this shape here, and the report says so.
+
+The machine's own speed moves by more than the load's margin: eleven 20-s windows of one engine
+a minute apart served 8.4-10.0 req/s with the whole budget and 5.5-7.2 with half of it (the
+requests' latencies agree: not a counting artefact), and three calibrations back to back set the
+bursts' busy rate at 8.1, 7.3 and 6.1 req/s -- static's overload 16-21%. So every measure is
+taken ``ROUNDS`` times, interleaved, the order reversed every other round (a speed that drifts
+evenly weighs on every measure alike), and its median is the rate; the report shows each
+measure's range beside it.
 """
 
 from __future__ import annotations
@@ -11,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -22,6 +32,8 @@ from bench.colocation_workload import Request, Shape, one
 
 WARM_S, WINDOW_S = 5.0, 20.0  #: every closed-loop measure's warm-up and window: calibration and remeasure compare
 BLOCK_TOKENS = 32  #: kvpool-server's default --block-size
+ROUNDS = 4  #: windows per measure: with the order reversed every other round, an even number cancels an even drift
+WHOLE = 1  #: the whole budget's key among the measures (budget / 1)
 
 
 @dataclass(frozen=True)
@@ -30,6 +42,7 @@ class Capacity:
     full_rps: float  #: requests/s with the whole budget
     request_bytes: int  #: KV bytes of an average request
     clients: int
+    windows: dict[int, tuple[float, ...]] = field(default_factory=dict)  #: N -> every window's rate (1: whole)
 
     def share_rps(self, n: int) -> float:
         return self.shares_rps[n]
@@ -37,6 +50,21 @@ class Capacity:
     @property
     def memory_bound(self) -> bool:
         return all(self.full_rps > 1.15 * rps for rps in self.shares_rps.values())
+
+    def line(self) -> str:
+        """The report's calibration line: each measure's median and the range of its windows."""
+        rates = {WHOLE: self.full_rps, **self.shares_rps}
+
+        def cell(n: int) -> str:
+            got = self.windows.get(n, ())
+            span = f" ({min(got):.2f}-{max(got):.2f} over {len(got)} windows)" if got else ""
+            return f"{'whole budget' if n == WHOLE else f'budget/{n}'} {rates[n]:.2f}{span}"
+
+        cells = ", ".join(cell(n) for n in sorted(rates))
+        bound = (
+            "memory-bound" if self.memory_bound else "NOT memory-bound: the whole budget serves no more than a share"
+        )
+        return f"calibration (req/s, median): {cells}; {bound}"
 
 
 async def closed_loop(url: str, model: str, shape: Shape, clients: int, seconds: float, seed: int) -> float:
@@ -65,9 +93,21 @@ async def _set_limit(url: str, limit: int) -> None:
         r.raise_for_status()
 
 
-def calibrate(setup: Setup, n_models: tuple[int, ...], shape: Shape, tmp: Path, seconds: float = WINDOW_S) -> Capacity:
-    """One engine on core 0 (the other cores idle), first with the whole budget, then with the
-    static share of each group size in ``n_models`` (a workload's rates follow its own share)."""
+def interleaved(measure: Callable[[int, int], float], keys: list[int], rounds: int) -> dict[int, tuple[float, ...]]:
+    """``measure(key, round)`` for every key, ``rounds`` times: keys in order on even rounds, reversed
+    on odd ones, so that a machine whose speed drifts evenly over the calibration biases no key."""
+    seen: dict[int, list[float]] = {k: [] for k in keys}
+    for r in range(rounds):
+        for k in keys if r % 2 == 0 else keys[::-1]:
+            seen[k].append(measure(k, r))
+    return {k: tuple(v) for k, v in seen.items()}
+
+
+def calibrate(setup: Setup, n_models: tuple[int, ...], shape: Shape, tmp: Path, seconds: float = WINDOW_S,
+              rounds: int = ROUNDS) -> Capacity:  # fmt: skip
+    """One engine on core 0 (the other cores idle): with the whole budget and with the static
+    share of each group size in ``n_models`` (a workload's rates follow its own share), every
+    measure ``rounds`` windows, interleaved (``interleaved``); the medians are the rates."""
     servers = start_servers(setup, Config("static", False), ("a",), tmp)  # one model: limit = budget
     proc, ep, url = servers["a"]
     try:
@@ -76,15 +116,17 @@ def calibrate(setup: Setup, n_models: tuple[int, ...], shape: Shape, tmp: Path, 
         request_bytes = math.ceil(tokens / BLOCK_TOKENS) * block_bytes
         clients = max(4, 2 * setup.budget // request_bytes)
         asyncio.run(closed_loop(url, "a", shape, clients, WARM_S, seed=1))  # warm-up
-        full = asyncio.run(closed_loop(url, "a", shape, clients, seconds, seed=2))
-        shares = {}
-        for n in sorted(set(n_models)):
+
+        def window(n: int, r: int) -> float:
             asyncio.run(_set_limit(ep.url, setup.budget // n))  # the admin port
-            shares[n] = asyncio.run(closed_loop(url, "a", shape, clients, seconds, seed=2 + n))
+            return asyncio.run(closed_loop(url, "a", shape, clients, seconds, seed=2 + n + 10 * r))
+
+        windows = interleaved(window, [WHOLE, *sorted(set(n_models))], rounds)
     finally:
         proc.terminate()
         proc.wait(timeout=120)
-    return Capacity(shares, full, request_bytes, clients)
+    rate = {n: statistics.median(w) for n, w in windows.items()}
+    return Capacity({n: r for n, r in rate.items() if n != WHOLE}, rate[WHOLE], request_bytes, clients, windows)
 
 
 DRIFT = 0.2  #: a machine whose speed moved more than this within a run is flagged in the report

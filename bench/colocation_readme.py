@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table(data))
     print()
     print("\n".join(data["goals"]))
-    print(data["args"].get("drift", ""))
+    for line in ("calibration", "drift"):
+        print(data["args"].get(line, ""))
 
 
 if __name__ == "__main__":

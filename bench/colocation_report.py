@@ -207,8 +207,9 @@ def report(results: dict[str, dict[str, list[dict[str, Any]]]], args: dict[str, 
         print(tables(name, summaries[name]) + "\n")
         checked += goals(name, summaries[name])
     print("\n".join(checked))
-    if "drift" in args:
-        print(args["drift"])
+    for line in ("calibration", "drift"):  # how fast the machine was, and whether it held still
+        if line in args:
+            print(args[line])
     broken = [(w, c, k) for w, runs in results.items() for c, rs in runs.items() for k, r in enumerate(rs)
               if not all(r["integrity_ok"].values())]  # fmt: skip
     print(f"integrity after every run: {broken or 'ok'}")

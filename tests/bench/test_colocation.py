@@ -214,3 +214,27 @@ def test_the_engines_run_float32_on_the_cpu_unless_told_otherwise() -> None:
     assert dtype_of(Setup("/m", "cuda", 16 * MiB, 32 * MiB, 1.0, 4.0)) is None  # the model's own
     assert (parse([]).dtype, parse(["--backend", "cuda"]).dtype) == ("float32", "auto")
     assert parse(["--dtype", "bfloat16"]).dtype == "bfloat16"
+
+
+def test_the_calibration_interleaves_its_windows_so_an_even_drift_biases_no_measure() -> None:
+    from bench.colocation_calibrate import WHOLE, Capacity, interleaved
+
+    true = {WHOLE: 9.0, 2: 6.0, 3: 4.5}
+    calls: list[int] = []
+
+    def drifting(n: int, r: int) -> float:  # the machine slows 5% a window: 1.0, 0.95, 0.90, ...
+        calls.append(n)
+        return true[n] * (1 - 0.05 * (len(calls) - 1))
+
+    windows = interleaved(drifting, [WHOLE, 2, 3], rounds=4)
+    assert calls == [1, 2, 3, 3, 2, 1, 1, 2, 3, 3, 2, 1]  # reversed every other round
+    medians = {n: sorted(w)[1] / 2 + sorted(w)[2] / 2 for n, w in windows.items()}
+    ratios = {n: medians[n] / true[n] for n in true}
+    assert max(ratios.values()) - min(ratios.values()) < 1e-9  # every measure slowed alike
+    # measured one after the other, the whole budget (first) would have read 15% faster than budget/3
+    cap = Capacity({2: 6.0, 3: 4.5}, 9.0, MiB, 28, windows)
+    line = cap.line()
+    assert line.startswith("calibration (req/s, median): whole budget 9.00 (")
+    assert "budget/3 4.50 (" in line
+    assert "over 4 windows" in line
+    assert line.endswith("memory-bound")
