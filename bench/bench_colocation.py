@@ -4,7 +4,8 @@ previous (proportional) policy and its new (demand) policy -- each with the CPU 
 
 Real kvpool-servers (the tiny local model on the CPU; ``--model``/``--backend cuda`` on a GPU
 host), each pinned to its own core. First a calibration (bench/colocation_calibrate.py) measures
-what one engine serves with its share of the budget and with all of it; every workload's rates
+what one engine serves with its share of the budget and with all of it (each the median of four
+interleaved 20-s windows: one window moves a tenth from the next here); every workload's rates
 are set from those, so the busy model asks for more than its share serves and less than its core
 computes. Each workload runs with ``--repeats`` seeds (2), every configuration on each; the
 tables pool a configuration's repeats (percentiles over all their requests) and show the repeats'

@@ -5,13 +5,14 @@ busy model asks for more than its share can serve and less than its core can com
 machine of this kind. If the whole budget serves no more than the share, memory is not what
 limits this shape here, and the report says so.
 
-The machine's own speed moves by more than the load's margin: eleven 20-s windows of one engine
-a minute apart served 8.4-10.0 req/s with the whole budget and 5.5-7.2 with half of it (the
-requests' latencies agree: not a counting artefact), and three calibrations back to back set the
-bursts' busy rate at 8.1, 7.3 and 6.1 req/s -- static's overload 16-21%. So every measure is
-taken ``ROUNDS`` times, interleaved, the order reversed every other round (a speed that drifts
-evenly weighs on every measure alike), and its median is the rate; the report shows each
-measure's range beside it.
+The machine's own speed moves by more than the load's margin: ten 20-s windows of one engine,
+twice, served 7.2-10.0 req/s with the whole budget and 5.4-7.2 with half of it (Little's law on
+the requests' latencies agreed with the count within 2%: the speed moved, not the count), and
+three one-window calibrations back to back set the bursts' busy rate at 8.1, 7.3 and 6.1 req/s:
+against half's median over those windows (~6 req/s), static's share overloaded by a third, by a
+fifth, or not at all. So every measure is taken ``ROUNDS`` times, interleaved, the order reversed
+every other round (a speed that drifts linearly weighs on every measure alike), and its median
+is the rate; the report shows each measure's range beside it.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ import httpx
 from bench.colocation_configs import Config, Setup, start_servers
 from bench.colocation_workload import Request, Shape, one
 
-WARM_S, WINDOW_S = 5.0, 20.0  #: every closed-loop measure's warm-up and window: calibration and remeasure compare
+WARM_S, WINDOW_S = 5.0, 20.0  #: every closed-loop measure's warm-up and window (calibration and remeasure)
 BLOCK_TOKENS = 32  #: kvpool-server's default --block-size
-ROUNDS = 4  #: windows per measure: with the order reversed every other round, an even number cancels an even drift
+ROUNDS = 4  #: windows per measure: with the order reversed every other round, an even number cancels a linear drift
 WHOLE = 1  #: the whole budget's key among the measures (budget / 1)
 
 
@@ -119,14 +120,20 @@ def calibrate(setup: Setup, n_models: tuple[int, ...], shape: Shape, tmp: Path, 
 
         def window(n: int, r: int) -> float:
             asyncio.run(_set_limit(ep.url, setup.budget // n))  # the admin port
-            return asyncio.run(closed_loop(url, "a", shape, clients, seconds, seed=2 + n + 10 * r))
+            return asyncio.run(closed_loop(url, "a", shape, clients, seconds, seed=1000 * (r + 1) + n))
 
-        windows = interleaved(window, [WHOLE, *sorted(set(n_models))], rounds)
+        windows = interleaved(window, [WHOLE, *sorted(set(n_models) - {WHOLE})], rounds)
     finally:
         proc.terminate()
         proc.wait(timeout=120)
+    return capacity_of(windows, n_models, request_bytes, clients)
+
+
+def capacity_of(windows: dict[int, tuple[float, ...]], n_models: tuple[int, ...], request_bytes: int,
+                clients: int) -> Capacity:  # fmt: skip
+    """Each measure's median is its rate; a one-model workload's share is the whole budget."""
     rate = {n: statistics.median(w) for n, w in windows.items()}
-    return Capacity({n: r for n, r in rate.items() if n != WHOLE}, rate[WHOLE], request_bytes, clients, windows)
+    return Capacity({n: rate[n] for n in n_models}, rate[WHOLE], request_bytes, clients, windows)
 
 
 DRIFT = 0.2  #: a machine whose speed moved more than this within a run is flagged in the report
@@ -134,9 +141,10 @@ DRIFT = 0.2  #: a machine whose speed moved more than this within a run is flagg
 
 def remeasure(setup: Setup, cap: Capacity, shape: Shape, tmp: Path, seconds: float = WINDOW_S) -> float:
     """The whole budget's rate again (after a workload): the calibration holds only while the
-    machine keeps its speed, and a VM's can move by half within an hour. The same warm-up and
-    window as the calibration's, so the two compare: with 28 clients a request takes seconds
-    under load, and a window of 10 s after a 3-s warm-up read 0 req/s in a quick run."""
+    machine keeps its speed, and a VM's can move by half within an hour. One window of the
+    calibration's length after its warm-up (with 28 clients a request takes seconds under load,
+    and a window of 10 s after a 3-s warm-up read 0 req/s in a quick run); one window moves a
+    tenth from the next on a steady machine (the module docstring), hence a flag at ``DRIFT``."""
     servers = start_servers(setup, Config("static", False), ("a",), tmp)
     proc, _, url = servers["a"]
     try:

@@ -52,8 +52,9 @@ def main(argv: list[str] | None = None) -> None:
     print(table(data))
     print()
     print("\n".join(data["goals"]))
-    for line in ("calibration", "drift"):
-        print(data["args"].get(line, ""))
+    for line in ("calibration", "drift"):  # a run before stop 38 has no calibration line
+        if line in data["args"]:
+            print(data["args"][line])
 
 
 if __name__ == "__main__":

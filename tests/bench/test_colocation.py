@@ -4,6 +4,7 @@ the outcomes they are given."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -216,25 +217,38 @@ def test_the_engines_run_float32_on_the_cpu_unless_told_otherwise() -> None:
     assert parse(["--dtype", "bfloat16"]).dtype == "bfloat16"
 
 
-def test_the_calibration_interleaves_its_windows_so_an_even_drift_biases_no_measure() -> None:
-    from bench.colocation_calibrate import WHOLE, Capacity, interleaved
+def test_the_calibration_interleaves_its_windows_so_a_linear_drift_biases_no_measure() -> None:
+    from bench.colocation_calibrate import WHOLE, capacity_of, interleaved
 
     true = {WHOLE: 9.0, 2: 6.0, 3: 4.5}
+
+    def drifting(calls: list[int]) -> Callable[[int, int], float]:
+        def measure(n: int, r: int) -> float:  # the machine slows 5% a window: 1.0, 0.95, 0.90, ...
+            calls.append(n)
+            return true[n] * (1 - 0.05 * (len(calls) - 1))
+
+        return measure
+
     calls: list[int] = []
-
-    def drifting(n: int, r: int) -> float:  # the machine slows 5% a window: 1.0, 0.95, 0.90, ...
-        calls.append(n)
-        return true[n] * (1 - 0.05 * (len(calls) - 1))
-
-    windows = interleaved(drifting, [WHOLE, 2, 3], rounds=4)
+    cap = capacity_of(interleaved(drifting(calls), [WHOLE, 2, 3], rounds=4), (2, 3), MiB, 28)
     assert calls == [1, 2, 3, 3, 2, 1, 1, 2, 3, 3, 2, 1]  # reversed every other round
-    medians = {n: sorted(w)[1] / 2 + sorted(w)[2] / 2 for n, w in windows.items()}
-    ratios = {n: medians[n] / true[n] for n in true}
-    assert max(ratios.values()) - min(ratios.values()) < 1e-9  # every measure slowed alike
-    # measured one after the other, the whole budget (first) would have read 15% faster than budget/3
-    cap = Capacity({2: 6.0, 3: 4.5}, 9.0, MiB, 28, windows)
-    line = cap.line()
-    assert line.startswith("calibration (req/s, median): whole budget 9.00 (")
-    assert "budget/3 4.50 (" in line
-    assert "over 4 windows" in line
+    ratios = [cap.full_rps / true[WHOLE], cap.share_rps(2) / true[2], cap.share_rps(3) / true[3]]
+    assert max(ratios) - min(ratios) < 1e-9  # every measure slowed alike
+    # the same order every round instead: the whole budget, measured first, reads 15% fast against budget/3
+    measure = drifting([])
+    same: dict[int, list[float]] = {n: [] for n in true}
+    for r in range(4):
+        for n in true:
+            same[n].append(measure(n, r))
+    biased = capacity_of({n: tuple(w) for n, w in same.items()}, (2, 3), MiB, 28)
+    assert (biased.full_rps / true[WHOLE]) / (biased.share_rps(3) / true[3]) == pytest.approx(1.148, abs=0.001)
+
+
+def test_the_calibration_line_shows_each_measures_median_and_range() -> None:
+    from bench.colocation_calibrate import WHOLE, capacity_of
+
+    windows = {WHOLE: (9.0, 8.0, 10.0, 9.2), 2: (6.0, 5.5, 6.5, 6.1), 3: (4.5, 4.4, 4.6, 4.5)}
+    line = capacity_of(windows, (2, 3), MiB, 28).line()
+    assert line.startswith("calibration (req/s, median): whole budget 9.10 (8.00-10.00 over 4 windows), ")
+    assert "budget/2 6.05 (5.50-6.50 over 4 windows)" in line
     assert line.endswith("memory-bound")
