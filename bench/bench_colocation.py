@@ -3,16 +3,17 @@ previous (proportional) policy and its new (demand) policy -- each with the CPU 
 -- on three seeded workloads (bench/colocation_workload.py), in one run.
 
 Real kvpool-servers (the tiny local model on the CPU; ``--model``/``--backend cuda`` on a GPU
-host), each pinned to its own core. First a calibration (bench/colocation_calibrate.py) measures
+host), each pinned to its own core. A calibration (bench/colocation_calibrate.py) measures
 what one engine serves with its share of the budget and with all of it (each the median of four
 interleaved 20-s windows: one window moves a tenth from the next here); every workload's rates
 are set from those, so the busy model asks for more than its share serves and less than its core
-computes. Each workload runs with ``--repeats`` seeds (2), every configuration on each; the
+computes; each workload is calibrated just before it runs (the machine's speed drifts over tens of
+minutes). Each workload runs with ``--repeats`` seeds (2), every configuration on each; the
 tables pool a configuration's repeats (percentiles over all their requests) and show the repeats'
 own p99 ratios to static beside, lowest to highest. Configurations alternate their order from
 one repeat (and workload) to the next. After each
 workload the whole budget's rate is measured again: a machine whose speed moved more than 20%
-within the run is flagged in the report (its rates no longer fit it).
+from that workload's calibration is flagged in the report (its rates no longer fit it).
 
 Output: one table per workload with every configuration side by side and ratios to static (the
 same tier setting), per model and overall; compute saturation (CPU utilisation of each engine,
@@ -230,20 +231,26 @@ def main(argv: list[str] | None = None) -> None:
     cfgs = [c for c in configs(policies) if args.tier == "both" or c.tier == (args.tier == "on")]
     shape = Shape()
     results: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    caps: dict[str, Capacity] = {}  #: each workload's own calibration, taken just before it
     speed: dict[str, float] = {}  #: the machine's rate with the whole budget after each workload
     with tempfile.TemporaryDirectory(dir="/dev/shm") as d:
-        cap = calibrate(setup, tuple(MODELS[n] for n in names), shape, Path(d))
-        print(cap.line(), flush=True)
-        for i, work in enumerate(workloads(names, cap, args.phase_s, args.peak)):
-            results[work.name] = {c.name: [] for c in cfgs}
+        for i, name in enumerate(names):
+            # Calibrated just before its workload, not once for the run: the machine's speed drifts
+            # over tens of minutes (10.7 req/s at stop 38's calibration, 9.45 after bursts, 25 min
+            # later), and rates an hour old loaded steady against another machine than measured.
+            caps[name] = cap = calibrate(setup, (MODELS[name],), shape, Path(d))
+            print(f"{name}: {cap.line()}", flush=True)
+            work = workloads([name], cap, args.phase_s, args.peak)[0]
+            results[name] = {c.name: [] for c in cfgs}
             for k in range(args.repeats):
                 for cfg in alternate(cfgs, i * args.repeats + k):
-                    print(f"== {work.name} (seed {args.seed + k}): {cfg.name}", flush=True)
-                    results[work.name][cfg.name].append(run(setup, cfg, work, args.seed + k, shape, Path(d)))
-            speed[work.name] = remeasure(setup, cap, shape, Path(d))
+                    print(f"== {name} (seed {args.seed + k}): {cfg.name}", flush=True)
+                    results[name][cfg.name].append(run(setup, cfg, work, args.seed + k, shape, Path(d)))
+            speed[name] = remeasure(setup, cap, shape, Path(d))
             # every workload's results as they come: a run cut short keeps the workloads it finished
-            meta = {**vars(args), "out": str(args.out), "capacity": cap.__dict__, "memory_bound": cap.memory_bound,
-                    "calibration": cap.line(), "speed_after": speed, "drift": drift_line(cap, speed)}  # fmt: skip
+            meta = {**vars(args), "out": str(args.out), "capacity": {w: c.__dict__ for w, c in caps.items()},
+                    "calibration": "\n".join(f"{w}: {c.line()}" for w, c in caps.items()),
+                    "speed_after": speed, "drift": drift_line(caps, speed)}  # fmt: skip
             report(results, meta, args.out)
 
 

@@ -140,7 +140,7 @@ DRIFT = 0.2  #: a machine whose speed moved more than this within a run is flagg
 
 
 def remeasure(setup: Setup, cap: Capacity, shape: Shape, tmp: Path, seconds: float = WINDOW_S) -> float:
-    """The whole budget's rate again (after a workload): the calibration holds only while the
+    """The whole budget's rate again (after a workload): its calibration holds only while the
     machine keeps its speed, and a VM's can move by half within an hour. One window of the
     calibration's length after its warm-up (with 28 clients a request takes seconds under load,
     and a window of 10 s after a 3-s warm-up read 0 req/s in a quick run); one window moves a
@@ -155,11 +155,12 @@ def remeasure(setup: Setup, cap: Capacity, shape: Shape, tmp: Path, seconds: flo
         proc.wait(timeout=120)
 
 
-def drift_line(cap: Capacity, after: dict[str, float]) -> str:
-    """One line for the report: the machine's speed after each workload against the calibration."""
-    moves = {w: rps / cap.full_rps - 1 for w, rps in after.items()}
-    cells = ", ".join(f"after {w} {after[w]:.2f} ({m:+.0%})" for w, m in moves.items())
+def drift_line(caps: dict[str, Capacity], after: dict[str, float]) -> str:
+    """One line for the report: the machine's speed after each workload against that workload's
+    own calibration (taken just before it)."""
+    moves = {w: rps / caps[w].full_rps - 1 for w, rps in after.items()}
+    cells = ", ".join(f"{w} {caps[w].full_rps:.2f} -> {after[w]:.2f} ({m:+.0%})" for w, m in moves.items())
     flagged = [w for w, m in moves.items() if abs(m) > DRIFT]
-    verdict = (f"MOVED more than {DRIFT:.0%} around {', '.join(flagged)}: its rates no longer fit the machine"
+    verdict = (f"MOVED more than {DRIFT:.0%} within {', '.join(flagged)}: its rates no longer fit the machine"
                if flagged else f"steady within {DRIFT:.0%}")  # fmt: skip
-    return f"machine speed (req/s, whole budget): calibration {cap.full_rps:.2f}, {cells} -- {verdict}"
+    return f"machine speed (req/s, whole budget), calibration -> after the workload: {cells} -- {verdict}"

@@ -128,12 +128,12 @@ def test_an_unknown_policy_is_refused_by_its_flag(capsys: pytest.CaptureFixture[
 def test_a_machine_whose_speed_moved_within_the_run_is_flagged() -> None:
     from bench.colocation_calibrate import Capacity, drift_line
 
-    cap = Capacity({2: 5.0}, 8.0, 1 << 20, 22)
-    steady = drift_line(cap, {"bursts": 7.5, "longtail": 8.8})
-    assert "after bursts 7.50 (-6%)" in steady
+    caps = {"bursts": Capacity({2: 5.0}, 8.0, 1 << 20, 22), "longtail": Capacity({3: 4.0}, 7.0, 1 << 20, 22)}
+    steady = drift_line(caps, {"bursts": 7.5, "longtail": 7.7})
+    assert "bursts 8.00 -> 7.50 (-6%), longtail 7.00 -> 7.70 (+10%)" in steady  # each against its own
     assert steady.endswith("steady within 20%")
-    moved = drift_line(cap, {"bursts": 7.5, "longtail": 5.6})
-    assert moved.endswith("MOVED more than 20% around longtail: its rates no longer fit the machine")
+    moved = drift_line(caps, {"bursts": 7.5, "longtail": 5.5})
+    assert moved.endswith("MOVED more than 20% within longtail: its rates no longer fit the machine")
 
 
 def test_repeats_are_pooled_and_their_own_ratios_shown_beside() -> None:
