@@ -96,7 +96,7 @@ async def _set_limit(url: str, limit: int) -> None:
 
 def interleaved(measure: Callable[[int, int], float], keys: list[int], rounds: int) -> dict[int, tuple[float, ...]]:
     """``measure(key, round)`` for every key, ``rounds`` times: keys in order on even rounds, reversed
-    on odd ones, so that a machine whose speed drifts evenly over the calibration biases no key."""
+    on odd ones, so that a machine whose speed drifts linearly over the calibration biases no key."""
     seen: dict[int, list[float]] = {k: [] for k in keys}
     for r in range(rounds):
         for k in keys if r % 2 == 0 else keys[::-1]:
@@ -136,7 +136,7 @@ def capacity_of(windows: dict[int, tuple[float, ...]], n_models: tuple[int, ...]
     return Capacity({n: rate[n] for n in n_models}, rate[WHOLE], request_bytes, clients, windows)
 
 
-DRIFT = 0.2  #: a machine whose speed moved more than this within a run is flagged in the report
+DRIFT = 0.2  #: a machine whose speed moved more than this within a workload is flagged in the report
 
 
 def remeasure(setup: Setup, cap: Capacity, shape: Shape, tmp: Path, seconds: float = WINDOW_S) -> float:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.colocation_report import baseline, between
+from bench.colocation_report import baseline, between, machine_lines
 
 HEAD = ("| workload | config | TTFT p50 | TTFT p99 | p99 per seed | e2e p99 | tok/s | preempt (for shrinks) | failed "
         "| resizes/model/min | MiB mapped | worst model p99 vs static |")  # fmt: skip
@@ -52,9 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     print(table(data))
     print()
     print("\n".join(data["goals"]))
-    for line in ("calibration", "drift"):  # a run before stop 38 has no calibration line
-        if line in data["args"]:
-            print(data["args"][line])
+    print(*machine_lines(data["args"]), sep="\n")
 
 
 if __name__ == "__main__":

@@ -197,6 +197,12 @@ def summaries_of(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, d
     return out
 
 
+def machine_lines(args: dict[str, Any]) -> list[str]:
+    """How fast the machine was (the calibration) and whether it held still (the drift); a run
+    before stop 38 has no calibration line."""
+    return [args[line] for line in ("calibration", "drift") if line in args]
+
+
 def report(results: dict[str, dict[str, list[dict[str, Any]]]], args: dict[str, Any], out: Path) -> None:
     """``results``: workload -> configuration -> its repeats' runs."""
     out.mkdir(parents=True, exist_ok=True)
@@ -207,9 +213,7 @@ def report(results: dict[str, dict[str, list[dict[str, Any]]]], args: dict[str, 
         print(tables(name, summaries[name]) + "\n")
         checked += goals(name, summaries[name])
     print("\n".join(checked))
-    for line in ("calibration", "drift"):  # how fast the machine was, and whether it held still
-        if line in args:
-            print(args[line])
+    print(*machine_lines(args), sep="\n")
     broken = [(w, c, k) for w, runs in results.items() for c, rs in runs.items() for k, r in enumerate(rs)
               if not all(r["integrity_ok"].values())]  # fmt: skip
     print(f"integrity after every run: {broken or 'ok'}")
