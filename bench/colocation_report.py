@@ -198,9 +198,10 @@ def summaries_of(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, d
 
 
 def machine_lines(args: dict[str, Any]) -> list[str]:
-    """How fast the machine was (the calibration) and whether it held still (the drift); a run
-    before stop 38 has no calibration line."""
-    return [args[line] for line in ("calibration", "drift") if line in args]
+    """How fast the machine was (the calibration), whether it held still (the drift) and whether
+    the peak left its cores headroom (the saturation); a run before stop 38 has no calibration
+    line, one before stop 39 no saturation line."""
+    return [args[line] for line in ("calibration", "drift", "saturation") if line in args]
 
 
 def report(results: dict[str, dict[str, list[dict[str, Any]]]], args: dict[str, Any], out: Path) -> None:

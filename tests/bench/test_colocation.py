@@ -136,6 +136,21 @@ def test_a_machine_whose_speed_moved_within_the_run_is_flagged() -> None:
     assert moved.endswith("MOVED more than 20% within longtail: its rates no longer fit the machine")
 
 
+def test_a_peak_that_leaves_the_cores_no_headroom_is_flagged_as_saturated() -> None:
+    from bench.colocation_calibrate import saturation_line
+
+    fits = saturation_line({"bursts": 5.6, "longtail": 4.0}, {"bursts": 8.0, "longtail": 6.0})
+    assert "bursts 5.60 of 8.00 (70%), longtail 4.00 of 6.00 (67%)" in fits
+    assert fits.endswith("memory, not the cores, decides")
+    slowed = saturation_line({"bursts": 5.6, "longtail": 4.0}, {"bursts": 6.2, "longtail": 6.0})
+    assert "SATURATED in bursts:" in slowed  # 90% of what the whole budget served after it
+
+
+def test_the_peak_of_a_workload_is_its_busiest_piece() -> None:
+    work = bursts(2.0, hot=1.5, cold=0.1, phase_s=10.0)
+    assert work.peak_rps == pytest.approx(3.0)
+
+
 def test_repeats_are_pooled_and_their_own_ratios_shown_beside() -> None:
     # static: p99 2 s in the first repeat, 4 s in the second; demand halves the first, equals the second
     static = [fake_run({"a": [1.0] * 99 + [2.0], "b": [1.0] * 100}),
