@@ -44,14 +44,15 @@ within a round or two: the dwell separates noise from a change of load.
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
   rounds once its load left. Giving a steady load's memory away down to its momentary use made
   it short seconds later (8 moves a minute with a two-round window). Below its fair share it
-  keeps room for one request more (``_lends_to``): two requests arriving together must not wait
-  for a claim's round trip.
+  keeps room for one request more than it uses (``_lends_to``): two requests arriving together
+  must not wait for a claim's round trip -- and an idle one keeps room for one, not nothing.
 
 A spec change that leaves limits above a maximum or over the budget is undone first, by shrinks
 alone (the Balancer applies them before any grant). Fast grow, slower shrink: the need's EWMA
 rises with alpha 0.7 and decays with 0.5. A move from a donor is at least one of the recipient's
-requests (and the hysteresis): smaller ones were fix-ups that a Poisson load undoes; a grant from
-free budget is at least the hysteresis or all the recipient lacks. Moves are whole pages.
+requests (and the hysteresis), or lets it start one it cannot start now (``_buys_a_request``):
+other small ones were fix-ups that a Poisson load undoes; a grant from free budget is at least
+the hysteresis or all the recipient lacks. Moves are whole pages.
 
 Objective: the distance of the limits from the water-filled targets (the max-min fair split of
 need), sum |limit - target|. A move takes at most the donor's excess over its target and gives
@@ -238,7 +239,7 @@ class Asks:
     short_rounds: int
 
 
-def _room(limit: int, target: int, fair: int, mem: ModelMemory, now: int, dwell: int, asks: Asks) -> int:
+def _room(name: str, r: Round, asks: Asks) -> int:
     """What a donor may give this round. Down to its target (below its share, keeping room for
     one request more, ``_lends_to``): once its load left (``QUIET``: idle memory goes to anyone
     short); to a burst once its own load slackened for a round (``slack``; its target then is
@@ -247,21 +248,28 @@ def _room(limit: int, target: int, fair: int, mem: ModelMemory, now: int, dwell:
     much as a model below its own share claims back. A donor whose load was still there lent
     below its share after two short rounds of another's and took it back at its next spike (the
     steady load's memory went there and back in 4 s)."""
+    limit, target, fair, mem = r.limit(name), r.target[name], r.fair[name], r.mems[name]
+    floor = next(m.min_bytes for m in r.active if m.name == name)
+    lends_to = _lends_to(target, fair, mem.per_request or r.default, floor)
     if mem.quiet or (asks.burst and mem.slack):
-        return max(0, limit - _lends_to(target, fair, mem))
+        return max(0, limit - lends_to)
     above = max(0, limit - max(target, fair))
-    if now - mem.last_grow > dwell and asks.settled:
-        return max(0, limit - _lends_to(target, fair, mem)) if asks.short_rounds >= LOAN else above
+    if r.now - mem.last_grow > r.group.dwell_rounds and asks.settled:
+        return max(0, limit - lends_to) if asks.short_rounds >= LOAN else above
     return min(above, asks.claim)
 
 
-def _lends_to(target: int, fair: int, mem: ModelMemory) -> int:
+def _lends_to(target: int, fair: int, per_request: float, min_bytes: int) -> int:
     """How low a donor lends: its target, and below its fair share room for one request more
-    than that (up to its share). Lent down to its one-request working set, longtail's smallest
+    than it uses (up to its share). Lent down to its one-request working set, longtail's smallest
     model took two requests that came together one after the other: the second waited 3.1 s for
-    a claim's round trip, 29x its static p99 (0.1 s). A model none of whose requests ran yet
-    keeps no extra room: it has no size for one, and a ramp claims its share (``_claim``)."""
-    return max(target, min(fair, target + int(mem.per_request)))
+    a claim's round trip, 29x its static p99 (0.1 s). A target at the minimum is no use (what it
+    uses is below the minimum): such a donor keeps one request. A model none of whose requests
+    ran yet keeps room for one of the group's largest (``Round.default``): lent down to 1 MiB
+    before its ramp, longtail's second model could start none of its requests (1.125 MiB each)
+    and waited for a claim while its queue grew to 14."""
+    uses = target if target > min_bytes else 0
+    return max(target, min(fair, uses + int(per_request)))
 
 
 @dataclass(frozen=True)
@@ -326,17 +334,28 @@ def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, 
     whole = deficit // obs.page_bytes * obs.page_bytes
     if grant > 0 and (grant >= group.hysteresis_bytes or grant == whole):
         return None, name, grant
-    room = {m.name: _room(r.limit(m.name), r.target[m.name], r.fair[m.name], r.mems[m.name], r.now,
-                          group.dwell_rounds, asks) for m in r.active if m is not recipient}  # fmt: skip
+    room = {m.name: _room(m.name, r, asks) for m in r.active if m is not recipient}
     donor = max(room, key=lambda n: room[n], default=None)
     if donor is None or room[donor] <= 0:
         return None
     page = math.lcm(obs.page_bytes, r.observed[donor].page_bytes)
     amount = min(deficit, room[donor], group.max_step_bytes) // page * page
-    worth = max(group.hysteresis_bytes, r.mems[name].per_request or r.default)
+    per = r.mems[name].per_request or r.default
     # what restores a claim is worth any whole page: a burst at 3.5 of its 4 MiB share, six waiting,
     # was refused the last half MiB (less than one request) for three rounds
     restores = 0 < asks.claim <= amount + page
-    if amount <= 0 or (amount < worth and not (obs.below(recipient.min_bytes) or restores)):
+    buys = amount >= group.hysteresis_bytes and _buys_a_request(obs, amount, per)
+    if amount <= 0 or (amount < max(group.hysteresis_bytes, per) and not (obs.below(recipient.min_bytes)
+                                                                          or restores or buys)):  # fmt: skip
         return None
     return donor, name, amount
+
+
+def _buys_a_request(obs: Observation, amount: int, per: float) -> bool:
+    """The move lets the pool start a request it cannot start now: nothing runs in it (its
+    waiting requests do not fit), or its room after the move holds one request more than now.
+    Less than one request's bytes is worth a move only then: at shares of ~2 requests (8 MiB,
+    three models), a ramping model lent down to 1 MiB ran nothing for 13 s with up to 14 queued,
+    refused 0.75 MiB from a pool of 4.5 above its target because that is less than a request."""
+    room = max(0, obs.limit_bytes - obs.used_bytes)
+    return obs.running_requests == 0 or math.floor((room + amount) / per) > math.floor(room / per)

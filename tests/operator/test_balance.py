@@ -98,8 +98,16 @@ def fragment(pool: KVPool) -> list[int]:
 
 BUSY = {"a": DemandStats(4, 8, 0), "b": DemandStats(0, 0, 0)}
 #: the policy's memory of earlier rounds in which a was already short: at its fair share, it is
-#: lent b's memory once short for LOAN rounds (b's load is not known to have left)
-A_WAS_SHORT = Memory(1, {"a": ModelMemory(short_rounds=max(PERSIST, LOAN) - 1, waiting_ewma=8, deep=True)})
+#: lent b's memory once short for LOAN rounds (b's load is not known to have left); b ran requests
+#: of 2 MiB, and keeps room for one more (a model none of whose requests ran keeps room for one of
+#: the group's largest, a's 4 MiB, and lends too little to start one of a's)
+A_WAS_SHORT = Memory(
+    1,
+    {
+        "a": ModelMemory(short_rounds=max(PERSIST, LOAN) - 1, waiting_ewma=8, deep=True),
+        "b": ModelMemory(per_request=2 * MiB),
+    },
+)
 
 
 def fill(pool: KVPool) -> None:

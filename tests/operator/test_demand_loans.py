@@ -199,12 +199,38 @@ def test_an_idle_models_memory_goes_first_to_a_model_short_below_its_share() -> 
     assert first["b"] == limits["b"]
 
 
-def test_a_model_lent_below_its_share_keeps_room_for_one_request_more_than_its_target() -> None:
-    """c served three requests, then none: its idle memory goes to a's queue, down to its minimum
-    and one request more -- not to the minimum, which holds one request (two that came together
-    to longtail's smallest model so waited 3.1 s, one for the other, 29x its static p99)."""
+def test_a_model_lent_below_its_share_keeps_room_for_one_request_more_than_it_uses() -> None:
+    """c served three requests, then none: its idle memory goes to a's queue down to one request
+    (its minimum holds one). c running one request, with a short for LOAN rounds, lends down to
+    two -- not to its one-request working set (two that came together to longtail's smallest
+    model so waited 3.1 s, one for the other, 29x its static p99)."""
     group = GroupPolicy(64 * MiB, (ModelBudget("a", 2 * MiB, 64 * MiB), ModelBudget("c", 2 * MiB, 64 * MiB)),
                         hysteresis_bytes=2 * MiB, max_step_bytes=16 * MiB, dwell_rounds=2)  # fmt: skip
     limits, memory, _ = run(group, {"a": 30, "c": 3}, 4, {"a": 32 * MiB, "c": 32 * MiB})
-    lent, _, _ = run(group, {"a": 40, "c": 0}, 12, limits, memory)
-    assert lent == {"a": 60 * MiB, "c": 2 * MiB + 2 * MiB}  # c: its minimum and one 2-MiB request
+    idle, _, _ = run(group, {"a": 40, "c": 0}, 12, limits, memory)
+    assert idle == {"a": 62 * MiB, "c": 2 * MiB}  # c: one 2-MiB request, its minimum
+    one, _, _ = run(group, {"a": 40, "c": 1}, 12, limits, memory)
+    assert 2 * 2 * MiB <= one["c"] < 3 * 2 * MiB  # c lent below its share: room for two 2-MiB requests, not three
+
+
+def test_a_pool_that_can_start_none_of_its_requests_takes_less_than_a_request() -> None:
+    """b, lent down to less than one of its 2-MiB requests, queues three and runs none; a and c
+    each hold less than a request above their targets: less than a request, but all b lacks to
+    start one. Refused because it is less than a request, longtail's second model (8 MiB, three
+    models) ran nothing for 13 s with up to 14 queued."""
+    group = GroupPolicy(16 * MiB, tuple(ModelBudget(n, MiB, 13 * MiB) for n in "abc"),
+                        hysteresis_bytes=MiB // 2, max_step_bytes=8 * MiB, dwell_rounds=2)  # fmt: skip
+    limits = {"a": 15 * MiB // 2, "b": 3 * MiB // 2, "c": 7 * MiB}
+    after, _, _ = run(group, {"a": 8, "b": 3, "c": 2}, 3, limits)
+    assert after["b"] >= 2 * MiB > limits["b"]
+
+
+def test_a_model_none_of_whose_requests_ran_lends_all_but_room_for_one() -> None:
+    """b has run nothing yet; a's queue takes b's idle memory, but not the room for one request of
+    the group's size: lent down to its 1-MiB minimum, longtail's second model could start none of
+    its requests when its ramp came."""
+    group = GroupPolicy(16 * MiB, (ModelBudget("a", MiB, 15 * MiB), ModelBudget("b", MiB, 15 * MiB)),
+                        hysteresis_bytes=MiB // 2, max_step_bytes=8 * MiB, dwell_rounds=2)  # fmt: skip
+    lent, _, _ = run(group, {"a": 30, "b": 0}, 8, {"a": 8 * MiB, "b": 8 * MiB})
+    assert lent["b"] == 2 * MiB  # one of a's 2-MiB requests
+    assert lent["a"] == 14 * MiB
