@@ -137,7 +137,7 @@ def plan_demand(
     if problem is not None:
         return problem, memory
     now = memory.round + 1
-    seen = [mem.per_request for mem in memory.models.values() if mem.per_request > 0]
+    seen = [mem.largest_request for mem in memory.models.values() if mem.largest_request > 0]
     default = max(seen, default=group.budget_bytes / (4 * len(group.models)))
     window = max(group.dwell_rounds, 1)
     mems = {m.name: remember(memory.models.get(m.name, ModelMemory()), observed[m.name], default, window)
@@ -250,7 +250,7 @@ def _room(name: str, r: Round, asks: Asks) -> int:
     steady load's memory went there and back in 4 s)."""
     limit, target, fair, mem = r.limit(name), r.target[name], r.fair[name], r.mems[name]
     floor = next(m.min_bytes for m in r.active if m.name == name)
-    lends_to = _lends_to(target, fair, mem.per_request or r.default, floor)
+    lends_to = _lends_to(target, fair, mem.largest_request or r.default, floor)
     if mem.quiet or (asks.burst and mem.slack):
         return max(0, limit - lends_to)
     above = max(0, limit - max(target, fair))
@@ -261,13 +261,15 @@ def _room(name: str, r: Round, asks: Asks) -> int:
 
 def _lends_to(target: int, fair: int, per_request: float, min_bytes: int) -> int:
     """How low a donor lends: its target, and below its fair share room for one request more
-    than it uses (up to its share). Lent down to its one-request working set, longtail's smallest
-    model took two requests that came together one after the other: the second waited 3.1 s for
-    a claim's round trip, 29x its static p99 (0.1 s). A target at the minimum is no use (what it
-    uses is below the minimum): such a donor keeps one request. A model none of whose requests
-    ran yet keeps room for one of the group's largest (``Round.default``): lent down to 1 MiB
-    before its ramp, longtail's second model could start none of its requests (1.125 MiB each)
-    and waited for a claim while its queue grew to 14."""
+    than it uses (up to its share) -- of the largest it ran (``largest_request``): a request
+    grows as it decodes, and the mean a running one held lent longtail's models below one.
+    Lent down to its one-request working set, longtail's smallest model took two requests that
+    came together one after the other: the second waited 3.1 s for a claim's round trip, 29x its
+    static p99 (0.1 s). A target at the minimum is no use (what it uses is below the minimum):
+    such a donor keeps one request. A model none of whose requests ran yet keeps room for one of
+    the group's largest (``Round.default``): lent down to 1 MiB before its ramp, longtail's
+    second model could start none of its requests (1.125 MiB each) and waited for a claim while
+    its queue grew to 14."""
     uses = target if target > min_bytes else 0
     return max(target, min(fair, uses + int(per_request)))
 
@@ -284,7 +286,7 @@ class Round:
     mems: Mapping[str, ModelMemory]
     now: int  #: this round's number
     free: int  #: budget no limit holds
-    default: float  #: bytes per request of a model none of whose requests ran yet
+    default: float  #: bytes per request of a model none of whose requests ran yet: the group's largest seen
     contested: bool  #: the needs (before ``needs_of`` lowered any) exceed the budget
 
     def limit(self, name: str) -> int:

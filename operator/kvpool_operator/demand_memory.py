@@ -32,12 +32,14 @@ class ModelMemory:
     need_ewma: float = 0.0
     recent_used: tuple[float, ...] = ()  #: bytes used in the latest rounds (the dwell)
     per_request: float = 0.0  #: bytes a running request holds (EWMA); 0 until one ran
+    largest_request: float = 0.0  #: the most bytes per running request seen (a request grows as it decodes)
     last_grow: int = -(10**9)  #: round of the latest grant
     last_shrink: int = -(10**9)  #: round of the latest shrink
     short_rounds: int = 0  #: consecutive rounds short of memory, this one included
     waiting_ewma: float = 0.0  #: requests waiting (and preempted), smoothed
     deep: bool = False  #: ``waiting_ewma`` at ``QUEUE`` or at what runs (a small model's queue of 1-2 doubles its wait)
-    surge: bool = False  #: a burst this round: short with a queue of ``SURGE`` (or beside an idle loan, demand.py)
+    #: a burst this round: short with a queue of ``SURGE``, or ``starved`` (or beside an idle loan, demand.py)
+    surge: bool = False
     ramp: bool = False  #: short ``PERSIST`` rounds, deep, its queue now would hold ``LEFT`` x its limit
     quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
     slack: bool = False  #: ``looks_idle`` (all its gates) with a fall to 1/``SLACK`` of its peak
@@ -76,10 +78,11 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     """Fold one observation into a model's memory (its use over the latest ``window`` rounds).
     Until a request of its own has run, a model's requests are assumed to be
     ``default_per_request`` bytes (the group's largest seen)."""
-    per = prev.per_request
+    per, largest = prev.per_request, prev.largest_request
     if obs.running_requests > 0 and obs.used_bytes > 0:
         now = obs.used_bytes / obs.running_requests
         per = now if per == 0 else 0.5 * per + 0.5 * now
+        largest = max(largest, now)
     assumed = per or default_per_request
     short = short_of_memory(obs, assumed)
     wanted = obs.used_bytes + (obs.waiting_requests + obs.preemptions) * assumed if short else obs.used_bytes
@@ -92,16 +95,25 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     idle = looks_idle(obs, counted and finished >= 0, done, IDLE)
     streak = prev.short_rounds + 1 if short else 0
     queue = 0.5 * prev.waiting_ewma + 0.5 * (obs.waiting_requests + obs.preemptions)
-    surge = short and obs.waiting_requests + obs.preemptions >= SURGE
+    surge = short and (obs.waiting_requests + obs.preemptions >= SURGE or starved(obs, largest or default_per_request))
     quiet = prev.quiet_rounds + 1 if idle else 0
     deep = queue >= min(QUEUE, max(1, obs.running_requests))
     # a load that came: judged on the queue now, not on the need, which still carries a burst that
     # just left (judged on that, a model took a share from the next burst for a round and gave it back)
     ramp = streak >= PERSIST and deep and wanted * HEADROOM >= LEFT * obs.limit_bytes
-    return replace(prev, need_ewma=need, recent_used=recent, per_request=per, short_rounds=streak,
+    return replace(prev, need_ewma=need, recent_used=recent, per_request=per, largest_request=largest,
+                   short_rounds=streak,
                    waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp, quiet_rounds=quiet,
                    slack=looks_idle(obs, counted and finished >= 0, done, SLACK),
                    finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
+
+
+def starved(obs: Observation, per_request: float) -> bool:
+    """Requests wait, none runs, and the room left cannot hold one: the pool starts nothing until
+    it grows. Its wait is all loss, so it counts as a burst (claims its fair share at once): a
+    light model lent down to 1 MiB, below one of its 1.125-MiB requests, waited 3 s with one
+    request queued -- a queue of one never reached the depth of a shortage."""
+    return obs.waiting_requests > 0 and obs.running_requests == 0 and obs.limit_bytes - obs.used_bytes < per_request
 
 
 def looks_idle(obs: Observation, counted: bool, done: tuple[int, ...], fall: float) -> bool:

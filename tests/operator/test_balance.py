@@ -105,7 +105,7 @@ A_WAS_SHORT = Memory(
     1,
     {
         "a": ModelMemory(short_rounds=max(PERSIST, LOAN) - 1, waiting_ewma=8, deep=True),
-        "b": ModelMemory(per_request=2 * MiB),
+        "b": ModelMemory(per_request=2 * MiB, largest_request=2 * MiB),
     },
 )
 

@@ -234,3 +234,13 @@ def test_a_model_none_of_whose_requests_ran_lends_all_but_room_for_one() -> None
     lent, _, _ = run(group, {"a": 30, "b": 0}, 8, {"a": 8 * MiB, "b": 8 * MiB})
     assert lent["b"] == 2 * MiB  # one of a's 2-MiB requests
     assert lent["a"] == 14 * MiB
+
+
+def test_a_pool_too_small_for_its_one_waiting_request_claims_its_share_at_once() -> None:
+    """b, lent down below one 2-MiB request, gets one and cannot start it: its wait is all loss,
+    so it claims its share in that round as a burst does. A queue of one never reached the depth
+    of a shortage: longtail's smallest model waited 3 s at 1 MiB for one request."""
+    group = GroupPolicy(16 * MiB, (ModelBudget("a", MiB, 15 * MiB), ModelBudget("b", MiB, 15 * MiB)),
+                        hysteresis_bytes=MiB // 2, max_step_bytes=8 * MiB, dwell_rounds=8)  # fmt: skip
+    claimed, _, _ = run(group, {"a": 10, "b": 1}, 1, {"a": 29 * MiB // 2, "b": 3 * MiB // 2})
+    assert claimed == {"a": 8 * MiB, "b": 8 * MiB}
