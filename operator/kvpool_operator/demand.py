@@ -239,7 +239,7 @@ class Asks:
     short_rounds: int
 
 
-def _room(name: str, r: Round, asks: Asks) -> int:
+def _room(m: ModelBudget, r: Round, asks: Asks) -> int:
     """What a donor may give this round. Down to its target (below its share, keeping room for
     one request more, ``_lends_to``): once its load left (``QUIET``: idle memory goes to anyone
     short); to a burst once its own load slackened for a round (``slack``; its target then is
@@ -248,9 +248,8 @@ def _room(name: str, r: Round, asks: Asks) -> int:
     much as a model below its own share claims back. A donor whose load was still there lent
     below its share after two short rounds of another's and took it back at its next spike (the
     steady load's memory went there and back in 4 s)."""
-    limit, target, fair, mem = r.limit(name), r.target[name], r.fair[name], r.mems[name]
-    floor = next(m.min_bytes for m in r.active if m.name == name)
-    lends_to = _lends_to(target, fair, mem.largest_request or r.default, floor)
+    limit, target, fair, mem = r.limit(m.name), r.target[m.name], r.fair[m.name], r.mems[m.name]
+    lends_to = _lends_to(target, fair, mem.largest_request or r.default, m.min_bytes)
     if mem.quiet or (asks.burst and mem.slack):
         return max(0, limit - lends_to)
     above = max(0, limit - max(target, fair))
@@ -336,7 +335,7 @@ def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, 
     whole = deficit // obs.page_bytes * obs.page_bytes
     if grant > 0 and (grant >= group.hysteresis_bytes or grant == whole):
         return None, name, grant
-    room = {m.name: _room(m.name, r, asks) for m in r.active if m is not recipient}
+    room = {m.name: _room(m, r, asks) for m in r.active if m is not recipient}
     donor = max(room, key=lambda n: room[n], default=None)
     if donor is None or room[donor] <= 0:
         return None
@@ -346,9 +345,10 @@ def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, 
     # what restores a claim is worth any whole page: a burst at 3.5 of its 4 MiB share, six waiting,
     # was refused the last half MiB (less than one request) for three rounds
     restores = 0 < asks.claim <= amount + page
-    buys = amount >= group.hysteresis_bytes and _buys_a_request(obs, amount, per)
-    if amount <= 0 or (amount < max(group.hysteresis_bytes, per) and not (obs.below(recipient.min_bytes)
-                                                                          or restores or buys)):  # fmt: skip
+    worth = amount >= max(group.hysteresis_bytes, per) or (
+        amount >= group.hysteresis_bytes and _buys_a_request(obs, amount, per)
+    )
+    if amount <= 0 or not (worth or obs.below(recipient.min_bytes) or restores):
         return None
     return donor, name, amount
 

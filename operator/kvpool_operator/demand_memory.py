@@ -102,8 +102,7 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     # just left (judged on that, a model took a share from the next burst for a round and gave it back)
     ramp = streak >= PERSIST and deep and wanted * HEADROOM >= LEFT * obs.limit_bytes
     return replace(prev, need_ewma=need, recent_used=recent, per_request=per, largest_request=largest,
-                   short_rounds=streak,
-                   waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp, quiet_rounds=quiet,
+                   short_rounds=streak, waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp, quiet_rounds=quiet,
                    slack=looks_idle(obs, counted and finished >= 0, done, SLACK),
                    finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
 
