@@ -37,7 +37,8 @@ within a round or two: the dwell separates noise from a change of load.
   (``_claim``); it never waits a dwell for its static share, and a ramp or a burst takes its
   whole share back at once. A model whose load is still there lends below its share only to one
   short for ``LOAN`` rounds (lent after two, it recalled the loan at its next spike: a flap) --
-  or to a burst once its own load slackened for a round (``ModelMemory.slack``);
+  or to a burst once its own load slackened for a round or its use fell fourfold, nothing
+  waiting (``ModelMemory.slack``);
 * a model short for one round below its share while another holds more than its own with
   nothing of it waiting, and runs nothing or has at least as much unused as the first lacks
   (``_beside_an_idle_loan``), claims its share at once, as a burst does;
@@ -97,11 +98,12 @@ def needs_of(models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget:
     round with a burst (``SURGE``), a model whose load looked gone for a round needs only what it
     holds: its working set over the dwell and its need's EWMA still carry the burst it just
     served, and held its target -- and so the new burst's -- at the old split for a second round
-    of each phase of alternating bursts -- a round whose finishing rate halved (``ModelMemory.slack``) is
-    enough: waiting for a quarter of the peak rate, the next burst waited at its share 3 s for the
-    last one's tail. A ramp or a burst (``ModelMemory.ramp``, ``surge``) needs at least its fair
-    share, as a static split gives it: claiming a round's queue at a time, longtail's smallest
-    model reached its share 17 s into its ramp."""
+    of each phase of alternating bursts -- a round whose finishing rate halved, or whose use
+    fell fourfold (``ModelMemory.slack``), is enough: waiting for a quarter of the peak rate, the
+    next burst waited at its share 3 s for the last one's tail. A ramp or a burst
+    (``ModelMemory.ramp``, ``surge``) needs at least its fair share, as a static split gives it:
+    claiming a round's queue at a time, longtail's smallest model reached its share 17 s into its
+    ramp."""
     needs = {m.name: need(m, mems[m.name]) for m in models}
     contested = sum(needs.values()) > budget
     if contested and any(mems[m.name].surge for m in models):

@@ -36,13 +36,20 @@ class ModelMemory:
     last_grow: int = -(10**9)  #: round of the latest grant
     last_shrink: int = -(10**9)  #: round of the latest shrink
     short_rounds: int = 0  #: consecutive rounds short of memory, this one included
+    #: consecutive rounds with requests waiting and none running: ``PERSIST`` of them is starved
+    #: whatever the room (a request longer than any seen does not fit room sized by them; a queue
+    #: of one behind nothing never grew ``deep``: its EWMA only nears 1) -- longtail's smallest
+    #: model waited 6 s so at 1.25 MiB with one request queued
+    stalled_rounds: int = 0
     waiting_ewma: float = 0.0  #: requests waiting (and preempted), smoothed
     deep: bool = False  #: ``waiting_ewma`` at ``QUEUE`` or at what runs (a small model's queue of 1-2 doubles its wait)
-    #: a burst this round: short with a queue of ``SURGE``, or ``starved`` (or beside an idle loan, demand.py)
+    #: a burst this round: short with a queue of ``SURGE``, or ``starved`` or stalled (or beside an
+    #: idle loan, demand.py)
     surge: bool = False
     ramp: bool = False  #: short ``PERSIST`` rounds, deep, its queue now would hold ``LEFT`` x its limit
     quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
-    slack: bool = False  #: ``looks_idle`` (all its gates) with a fall to 1/``SLACK`` of its peak
+    #: ``looks_idle`` (all its gates) with a fall to 1/``SLACK`` of its peak, or ``holds_little``
+    slack: bool = False
     finished_seen: int | None = None  #: the engine's finished-requests counter last round (None: not yet read)
     recent_finished: tuple[int, ...] = ()  #: requests finished in each of the latest rounds (the dwell)
 
@@ -95,15 +102,18 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     idle = looks_idle(obs, counted and finished >= 0, done, IDLE)
     streak = prev.short_rounds + 1 if short else 0
     queue = 0.5 * prev.waiting_ewma + 0.5 * (obs.waiting_requests + obs.preemptions)
-    surge = short and (obs.waiting_requests + obs.preemptions >= SURGE or starved(obs, largest or default_per_request))
+    stalled = prev.stalled_rounds + 1 if obs.waiting_requests > 0 and obs.running_requests == 0 else 0
+    starving = stalled >= PERSIST or starved(obs, largest or default_per_request)
+    surge = short and (obs.waiting_requests + obs.preemptions >= SURGE or starving)
     quiet = prev.quiet_rounds + 1 if idle else 0
     deep = queue >= min(QUEUE, max(1, obs.running_requests))
     # a load that came: judged on the queue now, not on the need, which still carries a burst that
     # just left (judged on that, a model took a share from the next burst for a round and gave it back)
     ramp = streak >= PERSIST and deep and wanted * HEADROOM >= LEFT * obs.limit_bytes
     return replace(prev, need_ewma=need, recent_used=recent, per_request=per, largest_request=largest,
-                   short_rounds=streak, waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp, quiet_rounds=quiet,
-                   slack=looks_idle(obs, counted and finished >= 0, done, SLACK),
+                   short_rounds=streak, stalled_rounds=stalled, waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp,
+                   quiet_rounds=quiet,
+                   slack=holds_little(obs, recent, done) or looks_idle(obs, counted and finished >= 0, done, SLACK),
                    finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
 
 
@@ -113,6 +123,22 @@ def starved(obs: Observation, per_request: float) -> bool:
     light model lent down to 1 MiB, below one of its 1.125-MiB requests, waited 3 s with one
     request queued -- a queue of one never reached the depth of a shortage."""
     return obs.waiting_requests > 0 and obs.running_requests == 0 and obs.limit_bytes - obs.used_bytes < per_request
+
+
+def holds_little(obs: Observation, recent_used: tuple[float, ...], done: tuple[int, ...]) -> bool:
+    """Nothing waits or was preempted, and nothing runs -- or, where too few finish a round to
+    read a fall in the rate (``RATE_SIGNAL``), what runs holds at most 1/``IDLE`` of its peak use
+    over the dwell: its load fell, so it may give a burst what it does not hold (``slack``),
+    keeping room for one request. Judged on the rate alone, a pool whose burst ended with one long
+    request still running, or that finished its burst's tail in the round its phase ended, was not
+    slack: the next burst got its fair share back, and the rest three rounds later (alternating
+    bursts' worst TTFTs came then). Where the rate can be read it decides: a steady load of short
+    requests holds little at any moment and finishes many a round."""
+    if obs.waiting_requests + obs.preemptions > 0:
+        return False
+    if obs.running_requests == 0:
+        return True
+    return max(done, default=0) < RATE_SIGNAL and IDLE * obs.used_bytes <= max(recent_used, default=0.0)
 
 
 def looks_idle(obs: Observation, counted: bool, done: tuple[int, ...], fall: float) -> bool:
