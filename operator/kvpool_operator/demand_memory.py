@@ -103,8 +103,9 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     streak = prev.short_rounds + 1 if short else 0
     queue = 0.5 * prev.waiting_ewma + 0.5 * (obs.waiting_requests + obs.preemptions)
     stalled = prev.stalled_rounds + 1 if obs.waiting_requests > 0 and obs.running_requests == 0 else 0
-    starving = stalled >= PERSIST or starved(obs, largest or default_per_request)
-    surge = short and (obs.waiting_requests + obs.preemptions >= SURGE or starving)
+    surge = short and (
+        obs.waiting_requests + obs.preemptions >= SURGE or starved(obs, largest or default_per_request, stalled)
+    )
     quiet = prev.quiet_rounds + 1 if idle else 0
     deep = queue >= min(QUEUE, max(1, obs.running_requests))
     # a load that came: judged on the queue now, not on the need, which still carries a burst that
@@ -117,12 +118,15 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
                    finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
 
 
-def starved(obs: Observation, per_request: float) -> bool:
-    """Requests wait, none runs, and the room left cannot hold one: the pool starts nothing until
-    it grows. Its wait is all loss, so it counts as a burst (claims its fair share at once): a
-    light model lent down to 1 MiB, below one of its 1.125-MiB requests, waited 3 s with one
+def starved(obs: Observation, per_request: float, stalled_rounds: int) -> bool:
+    """Requests wait and none runs (``stalled_rounds``, this one included), and the room left
+    cannot hold one -- or it stalled ``PERSIST`` rounds whatever the room: the pool starts nothing
+    until it grows. Its wait is all loss, so it counts as a burst (claims its fair share at once):
+    a light model lent down to 1 MiB, below one of its 1.125-MiB requests, waited 3 s with one
     request queued -- a queue of one never reached the depth of a shortage."""
-    return obs.waiting_requests > 0 and obs.running_requests == 0 and obs.limit_bytes - obs.used_bytes < per_request
+    if stalled_rounds == 0:
+        return False
+    return stalled_rounds >= PERSIST or obs.limit_bytes - obs.used_bytes < per_request
 
 
 def holds_little(obs: Observation, recent_used: tuple[float, ...], done: tuple[int, ...]) -> bool:
