@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
-from kvpool_operator.balance import Balancer
+from kvpool_operator.balance import Balancer, PodRound
 from kvpool_operator.pools import AdminClient, Endpoint
 from kvpool_operator.spec import GroupSpec, parse_group
 
@@ -146,10 +146,27 @@ async def balance(group: GroupSpec, eps: dict[str, Endpoint], stop: asyncio.Even
             preempt = {**preempt, **r.preemption_marks}
             memory = r.memory
             log.append({"t": started - t0, "seconds": time.monotonic() - started, "problems": r.problems,
-                        "resizes": [z.__dict__ for z in r.resizes]})  # fmt: skip
+                        "resizes": [z.__dict__ for z in r.resizes], "seen": seen(r)})  # fmt: skip
             await asyncio.sleep(max(0.0, group.interval_s - (time.monotonic() - started)))
     finally:
         client.close()
+
+
+def seen(r: PodRound) -> dict[str, dict[str, Any]]:
+    """What the round read of each pool and what the demand policy made of it: the traces a stall
+    is read from afterwards (a ``used_bytes`` / ``running`` reading that inflated a donor's
+    "largest request" is visible only here)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, obs in r.observed.items():
+        mem = r.memory.models.get(name)
+        out[name] = {"limit": obs.limit_bytes, "used": obs.used_bytes, "running": obs.running_requests,
+                     "waiting": obs.waiting_requests, "preemptions": obs.preemptions,
+                     "finished": obs.finished_total}  # fmt: skip
+        if mem is not None:
+            out[name] |= {"per_request": round(mem.per_request), "largest": round(mem.largest_request),
+                          "quiet": mem.quiet, "slack": mem.slack, "surge": mem.surge,
+                          "short": mem.short_rounds}  # fmt: skip
+    return out
 
 
 async def release_idle(eps: dict[str, Endpoint], interval_s: float, stop: asyncio.Event) -> None:

@@ -37,7 +37,8 @@ class Resize:
 @dataclass
 class PodRound:
     pod: str
-    snapshots: dict[str, PoolState] = field(default_factory=dict)
+    snapshots: dict[str, PoolState] = field(default_factory=dict)  #: the latest read (after a shrink's wait)
+    observed: dict[str, Observation] = field(default_factory=dict)  #: what the policy weighed this round
     resizes: list[Resize] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  #: unreachable servers, stuck shrinks, bad specs
     memory: Memory = field(default_factory=Memory)  #: the policy's, for the pod's next round
@@ -88,7 +89,7 @@ class Balancer:
         previous round (the result's ``memory`` is the next one's)."""
         out = PodRound(pod, memory=memory or Memory())
         started = initial_limits(group.policy)
-        observed: dict[str, Observation] = {}
+        observed = out.observed
         for budget in group.policy.models:
             name = budget.name
             try:

@@ -8,10 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kvpool_operator.balance import PodRound
+from kvpool_operator.demand import plan_demand
+from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation
 
 from bench.bench_colocation import PARTIAL, PEAK, RESULTS, parse, workloads
 from bench.colocation_calibrate import Capacity
-from bench.colocation_configs import Config, Setup, configs, core_of, server_cmd
+from bench.colocation_configs import Config, Setup, configs, core_of, seen, server_cmd
 from bench.colocation_report import goals, summaries_of, summarize, tables
 from bench.colocation_workload import Shape, bursts, longtail, schedule
 
@@ -267,3 +270,29 @@ def test_the_calibration_line_shows_each_measures_median_and_range() -> None:
     assert line.startswith("calibration (req/s, median): whole budget 9.10 (8.00-10.00 over 4 windows), ")
     assert "budget/2 6.05 (5.50-6.50 over 4 windows)" in line
     assert line.endswith("memory-bound")
+
+
+def test_each_round_logs_what_the_policy_weighed_and_what_it_made_of_it() -> None:
+    """A stall is read from these afterwards: the observation, not the snapshot re-read while a
+    shrink drained, beside the policy's per-request estimate of that round."""
+    group = GroupPolicy(8 * MiB, (ModelBudget("a", MiB, 7 * MiB), ModelBudget("b", MiB, 7 * MiB)),
+                        hysteresis_bytes=MiB // 4, max_step_bytes=4 * MiB, dwell_rounds=2)  # fmt: skip
+    observed = {"a": Observation(4 * MiB, 3 * MiB, 2, running_requests=3, finished_total=7),
+                "b": Observation(4 * MiB, 0, finished_total=1)}  # fmt: skip
+    _, memory = plan_demand(group, observed, PodRound("p").memory)
+    logged = seen(PodRound("p", observed=observed, memory=memory))
+    assert logged["a"] | {"quiet": None, "slack": None, "surge": None, "short": None} == {
+        "limit": 4 * MiB,
+        "used": 3 * MiB,
+        "running": 3,
+        "waiting": 2,
+        "preemptions": 0,
+        "finished": 7,
+        "per_request": MiB,
+        "largest": MiB,
+        "quiet": None,
+        "slack": None,
+        "surge": None,
+        "short": None,
+    }
+    assert (logged["b"]["running"], logged["b"]["per_request"]) == (0, 0)
