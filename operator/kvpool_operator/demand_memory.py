@@ -32,7 +32,13 @@ class ModelMemory:
     need_ewma: float = 0.0
     recent_used: tuple[float, ...] = ()  #: bytes used in the latest rounds (the dwell)
     per_request: float = 0.0  #: bytes a running request holds (EWMA); 0 until one ran
-    largest_request: float = 0.0  #: the most bytes per running request seen (a request grows as it decodes)
+    #: the most bytes per running request seen in two rounds in a row (a request grows as it
+    #: decodes); one round's reading is no measure: with the CPU tier on, blocks of requests that
+    #: finished (held until their copy to the tier completes) or that wait for a load from it count
+    #: as used beside fewer running -- longtail's smallest model read 2.25 MiB for one request of
+    #: at most 1.6, and an idle model lending to a queue of 19 kept room for one such
+    largest_request: float = 0.0
+    last_reading: float = 0.0  #: bytes per running request in the previous round (0: none ran)
     last_grow: int = -(10**9)  #: round of the latest grant
     last_shrink: int = -(10**9)  #: round of the latest shrink
     short_rounds: int = 0  #: consecutive rounds short of memory, this one included
@@ -85,11 +91,11 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     """Fold one observation into a model's memory (its use over the latest ``window`` rounds).
     Until a request of its own has run, a model's requests are assumed to be
     ``default_per_request`` bytes (the group's largest seen)."""
-    per, largest = prev.per_request, prev.largest_request
+    per, largest, now = prev.per_request, prev.largest_request, 0.0
     if obs.running_requests > 0 and obs.used_bytes > 0:
         now = obs.used_bytes / obs.running_requests
         per = now if per == 0 else 0.5 * per + 0.5 * now
-        largest = max(largest, now)
+        largest = max(largest, min(now, prev.last_reading))
     assumed = per or default_per_request
     short = short_of_memory(obs, assumed)
     wanted = obs.used_bytes + (obs.waiting_requests + obs.preemptions) * assumed if short else obs.used_bytes
@@ -112,6 +118,7 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     # just left (judged on that, a model took a share from the next burst for a round and gave it back)
     ramp = streak >= PERSIST and deep and wanted * HEADROOM >= LEFT * obs.limit_bytes
     return replace(prev, need_ewma=need, recent_used=recent, per_request=per, largest_request=largest,
+                   last_reading=now,
                    short_rounds=streak, stalled_rounds=stalled, waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp,
                    quiet_rounds=quiet,
                    slack=holds_little(obs, recent, done) or looks_idle(obs, counted and finished >= 0, done, SLACK),
