@@ -32,13 +32,19 @@ class ModelMemory:
     need_ewma: float = 0.0
     recent_used: tuple[float, ...] = ()  #: bytes used in the latest rounds (the dwell)
     per_request: float = 0.0  #: bytes a running request holds (EWMA); 0 until one ran
-    #: the most bytes per running request seen in two rounds in a row (a request grows as it
-    #: decodes); one round's reading is no measure: with the CPU tier on, blocks of requests that
-    #: finished (held until their copy to the tier completes) or that wait for a load from it count
-    #: as used beside fewer running -- longtail's smallest model read 2.25 MiB for one request of
-    #: at most 1.6, and an idle model lending to a queue of 19 kept room for one such
+    #: the most bytes per running request read in two rounds in a row (a request grows as it
+    #: decodes), the lower of the two: one round's reading is no measure. used / running counts
+    #: blocks that no running request holds -- likely those of requests that finished, held until
+    #: their copy to the CPU tier completes, or of requests waiting for a load from it (with ten
+    #: waiting, longtail's smallest model read 2.25 MiB for one request; the workload's largest is
+    #: about 1.5), and an idle lender kept room for "one request" of 2.5 MiB beside a queue of 19.
+    #: The price: a request still growing counts one round late. Still a maximum never forgotten
+    #: (an idle lender needs it most when it ran nothing for long); ``per_request`` still takes
+    #: every reading, smoothed.
     largest_request: float = 0.0
-    last_reading: float = 0.0  #: bytes per running request in the previous round (0: none ran)
+    #: bytes per running request in the previous round; 0 where none ran, nothing was used or the
+    #: pool did not answer (so a reading after such a round is no pair)
+    last_reading: float = 0.0
     last_grow: int = -(10**9)  #: round of the latest grant
     last_shrink: int = -(10**9)  #: round of the latest shrink
     short_rounds: int = 0  #: consecutive rounds short of memory, this one included
@@ -90,12 +96,13 @@ def short_of_memory(obs: Observation, per_request: float) -> bool:
 def remember(prev: ModelMemory, obs: Observation, default_per_request: float, window: int) -> ModelMemory:
     """Fold one observation into a model's memory (its use over the latest ``window`` rounds).
     Until a request of its own has run, a model's requests are assumed to be
-    ``default_per_request`` bytes (the group's largest seen)."""
-    per, largest, now = prev.per_request, prev.largest_request, 0.0
+    ``default_per_request`` bytes (the group's largest seen), and so is its largest until a
+    reading held two rounds (``largest_request``)."""
+    per, largest, reading = prev.per_request, prev.largest_request, 0.0
     if obs.running_requests > 0 and obs.used_bytes > 0:
-        now = obs.used_bytes / obs.running_requests
-        per = now if per == 0 else 0.5 * per + 0.5 * now
-        largest = max(largest, min(now, prev.last_reading))
+        reading = obs.used_bytes / obs.running_requests
+        per = reading if per == 0 else 0.5 * per + 0.5 * reading
+        largest = max(largest, min(reading, prev.last_reading))
     assumed = per or default_per_request
     short = short_of_memory(obs, assumed)
     wanted = obs.used_bytes + (obs.waiting_requests + obs.preemptions) * assumed if short else obs.used_bytes
@@ -118,7 +125,7 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     # just left (judged on that, a model took a share from the next burst for a round and gave it back)
     ramp = streak >= PERSIST and deep and wanted * HEADROOM >= LEFT * obs.limit_bytes
     return replace(prev, need_ewma=need, recent_used=recent, per_request=per, largest_request=largest,
-                   last_reading=now,
+                   last_reading=reading,
                    short_rounds=streak, stalled_rounds=stalled, waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp,
                    quiet_rounds=quiet,
                    slack=holds_little(obs, recent, done) or looks_idle(obs, counted and finished >= 0, done, SLACK),

@@ -270,23 +270,45 @@ def test_a_model_none_of_whose_requests_ran_lends_all_but_room_for_one() -> None
     assert lent["a"] == 14 * MiB
 
 
-def test_a_lender_keeps_room_for_the_largest_request_it_ran_two_rounds_not_one_rounds_reading() -> None:
-    """b ran 2-MiB requests, then one round read 6 MiB used beside one running request (with the
-    CPU tier on, blocks of finished requests stay held until their copy completes). Its idle
-    memory then goes to a's queue down to room for one 2-MiB request: kept for one round's 6-MiB
-    reading, longtail's busiest model queued 19 for 10 s beside an idle model holding 2.5 MiB."""
+def test_a_lender_keeps_room_for_the_largest_request_read_two_rounds_in_a_row_not_one_rounds_reading() -> None:
+    """b ran 2-MiB requests, then one round read 6 MiB used beside one running request (blocks
+    no running request holds -- with the CPU tier on, likely held for a copy to it or a load from
+    it). Its idle memory then goes to a's queue down to room for one 2-MiB request: kept for one
+    round's reading, longtail's idle busiest model held 2.5 MiB while the second queued 19."""
     group = GroupPolicy(16 * MiB, (ModelBudget("a", MiB, 15 * MiB), ModelBudget("b", MiB, 15 * MiB)),
                         hysteresis_bytes=MiB // 2, max_step_bytes=8 * MiB, dwell_rounds=2)  # fmt: skip
     limits, memory, _ = run(group, {"a": 4, "b": 1}, 3, {"a": 8 * MiB, "b": 8 * MiB})
     assert memory.models["b"].largest_request == 2 * MiB
-    done = {n: memory.models[n].finished_seen or 0 for n in "ab"}
-    glitch = {"a": Observation(limits["a"], 8 * MiB, running_requests=4, finished_total=done["a"] + 4),
-              "b": Observation(limits["b"], 6 * MiB, running_requests=1, finished_total=done["b"] + 1)}  # fmt: skip
-    result, memory = plan_demand(group, glitch, memory)
-    assert isinstance(result, Plan)
-    lent, memory, _ = run(group, {"a": 30, "b": 0}, 8, result.limits, memory)
+    limits, memory = _b_reads(group, limits, memory, 6 * MiB)
+    lent, memory, _ = run(group, {"a": 30, "b": 0}, 8, limits, memory)
     assert memory.models["b"].largest_request == 2 * MiB
     assert lent == {"a": 14 * MiB, "b": 2 * MiB}
+
+
+def test_a_request_size_read_two_rounds_in_a_row_counts_and_one_round_apart_does_not() -> None:
+    """The lower of two rounds' readings in a row raises the largest request; two such readings
+    with a round of nothing running between them do not (they are no pair)."""
+    group = GroupPolicy(16 * MiB, (ModelBudget("a", MiB, 15 * MiB), ModelBudget("b", MiB, 15 * MiB)),
+                        hysteresis_bytes=MiB // 2, max_step_bytes=8 * MiB, dwell_rounds=2)  # fmt: skip
+    limits, memory, _ = run(group, {"a": 4, "b": 1}, 3, {"a": 8 * MiB, "b": 8 * MiB})
+    for used in (6 * MiB, 0, 6 * MiB):
+        limits, memory = _b_reads(group, limits, memory, used)
+    assert memory.models["b"].largest_request == 2 * MiB
+    for used in (0, 3 * MiB, 4 * MiB):
+        limits, memory = _b_reads(group, limits, memory, used)
+    assert memory.models["b"].largest_request == 3 * MiB
+
+
+def _b_reads(group: GroupPolicy, limits: dict[str, int], memory: Memory, used: int) -> tuple[dict[str, int], Memory]:
+    """One round: a full with four 2-MiB requests, b reading ``used`` bytes beside one running
+    request (none where ``used`` is 0)."""
+    done = {n: memory.models[n].finished_seen or 0 for n in "ab"}
+    observed = {"a": Observation(limits["a"], 8 * MiB, running_requests=4, finished_total=done["a"] + 4),
+                "b": Observation(limits["b"], used, running_requests=int(used > 0),
+                                 finished_total=done["b"] + 1)}  # fmt: skip
+    result, memory = plan_demand(group, observed, memory)
+    assert isinstance(result, Plan)
+    return result.limits, memory
 
 
 def test_a_pool_too_small_for_its_one_waiting_request_claims_its_share_at_once() -> None:
