@@ -94,7 +94,11 @@ def need(m: ModelBudget, mem: ModelMemory) -> int:
 
 
 def needs_of(models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget: int) -> tuple[dict[str, int], bool]:
-    """Each model's need and whether together they exceed ``budget`` (contested). In a contested
+    """Each model's need and whether together they take the whole ``budget`` or more
+    (contested: a need at a model's maximum may be larger still -- a burst at its share beside an
+    idle model at its minimum need summed to the budget exactly, so the burst took nothing from
+    the idle model's share for the dwell of that model's grant while eight of its requests
+    waited; bursts, seed 1 of stop 42's run, 7-10 s). In a contested
     round with a burst (``SURGE``), a model whose load looked gone for a round needs only what it
     holds: its working set over the dwell and its need's EWMA still carry the burst it just
     served, and held its target -- and so the new burst's -- at the old split for a second round
@@ -105,7 +109,7 @@ def needs_of(models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget:
     claiming a round's queue at a time, longtail's smallest model reached its share 17 s into its
     ramp."""
     needs = {m.name: need(m, mems[m.name]) for m in models}
-    contested = sum(needs.values()) > budget
+    contested = sum(needs.values()) >= budget
     if contested and any(mems[m.name].surge for m in models):
         for m in models:
             mem = mems[m.name]
@@ -291,7 +295,7 @@ class Round:
     #: bytes per request of a model none of whose requests ran yet (or none two rounds in a row):
     #: the group's largest seen
     default: float
-    contested: bool  #: the needs (before ``needs_of`` lowered any) exceed the budget
+    contested: bool  #: the needs (before ``needs_of`` lowered any) take the whole budget or more
 
     def limit(self, name: str) -> int:
         return self.observed[name].limit_bytes

@@ -208,6 +208,23 @@ def test_a_short_model_takes_its_share_at_once_beside_a_loan_that_stands_idle() 
     assert in_use == limits
 
 
+def test_a_burst_at_its_share_takes_an_idle_pools_memory_though_their_needs_just_fill_the_budget() -> None:
+    """a bursts at its 8-MiB share (six waiting) beside b, which runs nothing: a's need stops at
+    its maximum and b's at its minimum, so together they fill the budget exactly -- and the round
+    counted as uncontested, where a burst takes nothing from a pool at its share. a now takes
+    what b does not hold in that round (stop 42's bursts: a waited one round more, and eight of
+    a's requests queued for three rounds beside an idle b still in the dwell of its grant)."""
+    group = GroupPolicy(16 * MiB, (ModelBudget("a", 2 * MiB, 14 * MiB), ModelBudget("b", 2 * MiB, 14 * MiB)),
+                        hysteresis_bytes=MiB // 2, max_step_bytes=8 * MiB, dwell_rounds=8)  # fmt: skip
+    observed = {"a": Observation(8 * MiB, 8 * MiB, 6, running_requests=4, finished_total=4),
+                "b": Observation(8 * MiB, 0, finished_total=1)}  # fmt: skip
+    result, memory = plan_demand(group, observed, Memory())
+    assert isinstance(result, Plan)
+    assert memory.models["a"].surge
+    assert memory.models["b"].slack
+    assert result.limits == {"a": 14 * MiB, "b": 2 * MiB}
+
+
 def test_a_pool_running_nothing_is_an_idle_loan_whatever_the_shares() -> None:
     """Shares 32/16/16 (weights 2:1:1): a lacks 24 MiB of its share; b holds a 4-MiB loan and runs
     nothing. a's first short round with a queue of two takes memory at once, though b's pool
