@@ -14,6 +14,12 @@ def two_models(dwell: int = 3) -> GroupPolicy:
                        hysteresis_bytes=2 * MiB, max_step_bytes=16 * MiB, dwell_rounds=dwell)  # fmt: skip
 
 
+def small_pair(dwell: int) -> GroupPolicy:
+    """16 MiB between two models of 1-15 MiB: shares of a few 2-MiB requests."""
+    return GroupPolicy(16 * MiB, (ModelBudget("a", MiB, 15 * MiB), ModelBudget("b", MiB, 15 * MiB)),
+                       hysteresis_bytes=MiB // 2, max_step_bytes=8 * MiB, dwell_rounds=dwell)  # fmt: skip
+
+
 def run(group: GroupPolicy, load: dict[str, int], rounds: int, limits: dict[str, int],
         memory: Memory | None = None) -> tuple[dict[str, int], Memory, int]:  # fmt: skip
     """``load``: model -> requests in the engine; each holds 2 MiB, those that do not fit wait,

@@ -10,7 +10,7 @@ from kvpool_operator.demand import LOAN, plan_demand
 from kvpool_operator.demand_memory import PERSIST, SURGE, Memory, ModelMemory
 from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation, Plan
 
-from tests.operator.demand_rounds import MiB, run, three_models, two_models
+from tests.operator.demand_rounds import MiB, run, small_pair, three_models, two_models
 
 
 def test_a_model_below_its_fair_share_reclaims_it_within_the_donors_dwell() -> None:
@@ -280,8 +280,7 @@ def test_a_model_none_of_whose_requests_ran_lends_all_but_room_for_one() -> None
     """b has run nothing yet; a's queue takes b's idle memory, but not the room for one request of
     the group's size: lent down to its 1-MiB minimum, longtail's second model could start none of
     its requests when its ramp came."""
-    group = GroupPolicy(16 * MiB, (ModelBudget("a", MiB, 15 * MiB), ModelBudget("b", MiB, 15 * MiB)),
-                        hysteresis_bytes=MiB // 2, max_step_bytes=8 * MiB, dwell_rounds=2)  # fmt: skip
+    group = small_pair(dwell=2)
     lent, _, _ = run(group, {"a": 30, "b": 0}, 8, {"a": 8 * MiB, "b": 8 * MiB})
     assert lent["b"] == 2 * MiB  # one of a's 2-MiB requests
     assert lent["a"] == 14 * MiB
@@ -292,8 +291,7 @@ def test_a_lender_keeps_room_for_the_largest_request_read_two_rounds_in_a_row_no
     no running request holds -- with the CPU tier on, likely held for a copy to it or a load from
     it). Its idle memory then goes to a's queue down to room for one 2-MiB request: kept for one
     round's reading, longtail's idle busiest model held 2.5 MiB while the second queued 19."""
-    group = GroupPolicy(16 * MiB, (ModelBudget("a", MiB, 15 * MiB), ModelBudget("b", MiB, 15 * MiB)),
-                        hysteresis_bytes=MiB // 2, max_step_bytes=8 * MiB, dwell_rounds=2)  # fmt: skip
+    group = small_pair(dwell=2)
     limits, memory, _ = run(group, {"a": 4, "b": 1}, 3, {"a": 8 * MiB, "b": 8 * MiB})
     assert memory.models["b"].largest_request == 2 * MiB
     limits, memory = _b_reads(group, limits, memory, 6 * MiB)
@@ -305,8 +303,7 @@ def test_a_lender_keeps_room_for_the_largest_request_read_two_rounds_in_a_row_no
 def test_a_request_size_read_two_rounds_in_a_row_counts_and_one_round_apart_does_not() -> None:
     """The lower of two rounds' readings in a row raises the largest request; two such readings
     with a round of nothing running between them do not (they are no pair)."""
-    group = GroupPolicy(16 * MiB, (ModelBudget("a", MiB, 15 * MiB), ModelBudget("b", MiB, 15 * MiB)),
-                        hysteresis_bytes=MiB // 2, max_step_bytes=8 * MiB, dwell_rounds=2)  # fmt: skip
+    group = small_pair(dwell=2)
     limits, memory, _ = run(group, {"a": 4, "b": 1}, 3, {"a": 8 * MiB, "b": 8 * MiB})
     for used in (6 * MiB, 0, 6 * MiB):
         limits, memory = _b_reads(group, limits, memory, used)
@@ -332,8 +329,7 @@ def test_a_pool_too_small_for_its_one_waiting_request_claims_its_share_at_once()
     """b, lent down below one 2-MiB request, gets one and cannot start it: its wait is all loss,
     so it claims its share in that round as a burst does. A queue of one never reached the depth
     of a shortage: longtail's smallest model waited 3 s at 1 MiB for one request."""
-    group = GroupPolicy(16 * MiB, (ModelBudget("a", MiB, 15 * MiB), ModelBudget("b", MiB, 15 * MiB)),
-                        hysteresis_bytes=MiB // 2, max_step_bytes=8 * MiB, dwell_rounds=8)  # fmt: skip
+    group = small_pair(dwell=8)
     claimed, _, _ = run(group, {"a": 10, "b": 1}, 1, {"a": 29 * MiB // 2, "b": 3 * MiB // 2})
     assert claimed == {"a": 8 * MiB, "b": 8 * MiB}
 
