@@ -226,12 +226,14 @@ def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: f
     short below its share, it kept longtail's second model at 1.25 MiB for 8 s with ten requests
     waiting. Short of a burst, its queue, not its target, bounds it: a cold model's target still
     carries its last burst's working set, and one round's queue of two took a hot model's memory
-    down to its share."""
+    down to its share. Its queue is what waits now: a request preempted in the round is back in it
+    (or running again, in what it holds); counted twice, a cold model running one request with one
+    waiting claimed room for three."""
     if limit >= fair or not _short(mem):
         return 0
     if mem.ramp or mem.surge:  # its share before the next arrivals, not a queue's bytes per round
         return fair - limit
-    holds = (obs.used_bytes + (obs.waiting_requests + obs.preemptions) * (mem.per_request or default)) * HEADROOM
+    holds = (obs.used_bytes + obs.waiting_requests * (mem.per_request or default)) * HEADROOM
     return max(0, min(fair, int(holds)) - limit)
 
 

@@ -354,3 +354,24 @@ def test_a_pool_whose_one_request_waits_with_none_running_claims_its_share_in_th
         seen.append(limits["c"])
     assert seen[0] == 8 * MiB
     assert seen[1] >= 8 * MiB + 4 * MiB  # room for two of its requests more, from a's loan
+
+
+def test_a_cold_model_with_one_waiting_and_one_preempted_claims_room_for_its_queue_not_its_share() -> None:
+    """b, lent down to one request's room beside a's burst, runs one request with one waiting,
+    then preempts it: a preempted request is back in the queue, not one more. Counted twice, it
+    read as a ramp and took its whole share from a at its peak for three rounds (bursts, stop 42,
+    18 s); it claims room for the one that waits."""
+    group = small_pair(dwell=8)
+    per = 1.5 * MiB
+    memory = Memory(10, {"a": ModelMemory(per_request=2 * MiB, largest_request=2 * MiB, last_grow=9, finished_seen=50),
+                         "b": ModelMemory(per_request=per, largest_request=per, last_shrink=9,
+                                          finished_seen=5)})  # fmt: skip
+    limits = {"a": 14 * MiB, "b": 2 * MiB}
+    for r, (used, preempted) in enumerate(((3 * MiB // 2, 0), (7 * MiB // 4, 1))):
+        a = Observation(limits["a"], limits["a"], 8, 3, running_requests=7, finished_total=57 + 7 * r)
+        b = Observation(limits["b"], used, 1, preempted, running_requests=1, finished_total=5)
+        result, memory = plan_demand(group, {"a": a, "b": b}, memory)
+        assert isinstance(result, Plan)
+        limits = result.limits
+    assert not memory.models["b"].ramp
+    assert 2 * MiB < limits["b"] <= 2 * MiB + 2 * int(per)  # room for its queue of one, not its 8-MiB share
