@@ -6,9 +6,10 @@ under any load, so utilisation says "busy", not "short of memory"; acting on it 
 8 -> 12 -> 8 MiB in consecutive rounds. Here a model is *short* when requests wait and its pool
 cannot take one more (nothing runs, or less than a request's bytes is left) or when it preempted
 -- waiting beside room to spare means the engine is short of compute, not memory; its *need* is
-what it holds plus what its waiting requests would hold:
+what it holds plus what its waiting and preempted requests would hold (a claim below a fair
+share counts only those waiting, ``_claim``):
 
-    need_i   = max(working set, EWMA of (used + waiting x bytes per running request)) x 1.1
+    need_i   = max(working set, EWMA of (used + (waiting + preempted) x bytes per running request)) x 1.1
     target_i = water-fill of the budget by need (weights break contention; min/max hold)
     a move   = donor -> recipient, at most max_step, at least hysteresis:
                recipient: the short model furthest below its target that a move may serve
@@ -20,8 +21,8 @@ what it holds plus what its waiting requests would hold:
 Against flapping (a steady load must not move memory back and forth) while a burst is served
 within a round or two: the dwell separates noise from a change of load.
 
-* grant: a model must be short two rounds in a row with two or more requests waiting on
-  average, or as many as it runs (a Poisson spike is not a trend; a small model's queue of one
+* grant: a model must be short two rounds in a row with two or more requests waiting (or
+  preempted) on average, or as many as it runs (a Poisson spike is not a trend; a small model's queue of one
   or two doubles its waits) -- or short with a burst's queue (``SURGE``) at once;
 * a model that grew keeps its grant for ``dwell_rounds``, one that shrank is not granted again
   within them from a donor whose load is still there -- unless the load has changed: a donor

@@ -126,7 +126,7 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     # just left (judged on that, a model took a share from the next burst for a round and gave it back);
     # a queue of ``QUEUE`` waiting now: a preempted request is back in the queue (it counted twice), and
     # a cold model lent down to one request's room, one running, one waiting and one preempted, read as
-    # a ramp and took its whole share from a burst at its peak for three rounds (bursts, stop 42, 18 s)
+    # a ramp and took its whole share from a burst at its peak for three rounds (bursts+tier, seed 1, stop 42, 18 s)
     ramp = streak >= PERSIST and deep and obs.waiting_requests >= QUEUE and wanted * HEADROOM >= LEFT * obs.limit_bytes
     return replace(prev, need_ewma=need, recent_used=recent, per_request=per, largest_request=largest,
                    last_reading=reading,
