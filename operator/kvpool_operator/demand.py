@@ -9,7 +9,7 @@ cannot take one more (nothing runs, or less than a request's bytes is left) or w
 what it holds plus what its waiting and preempted requests would hold (a claim below a fair
 share counts only those waiting, ``_claim``):
 
-    need_i   = max(working set, EWMA of (used + (waiting + preempted) x bytes per running request)) x 1.1
+    need_i   = max(working set, EWMA of (used + (waiting + preempted) x bytes per request)) x 1.1
     target_i = water-fill of the budget by need (weights break contention; min/max hold)
     a move   = donor -> recipient, at most max_step, at least hysteresis:
                recipient: the short model furthest below its target that a move may serve
@@ -22,8 +22,8 @@ Against flapping (a steady load must not move memory back and forth) while a bur
 within a round or two: the dwell separates noise from a change of load.
 
 * grant: a model must be short two rounds in a row with two or more requests waiting (or
-  preempted) on average, or as many as it runs (a Poisson spike is not a trend; a small model's queue of one
-  or two doubles its waits) -- or short with a burst's queue (``SURGE``) at once;
+  preempted) on average, or as many as it runs (a Poisson spike is not a trend; a small model's
+  queue of one or two doubles its waits) -- or short with a burst's queue (``SURGE``) at once;
 * a model that grew keeps its grant for ``dwell_rounds``, one that shrank is not granted again
   within them from a donor whose load is still there -- unless the load has changed: a donor
   that for ``QUIET`` rounds had nothing waiting, its pool at most half used, and finished

@@ -58,7 +58,7 @@ class ModelMemory:
     #: a burst this round: short with a queue of ``SURGE``, or ``starved`` or stalled (or beside an
     #: idle loan, demand.py)
     surge: bool = False
-    #: short ``PERSIST`` rounds, deep, ``QUEUE`` waiting now, and its queue now would hold ``LEFT`` x its limit
+    #: short ``PERSIST`` rounds, deep, ``QUEUE`` waiting now, its queue now holding ``LEFT`` x its limit
     ramp: bool = False
     quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
     #: ``looks_idle`` (all its gates) with a fall to 1/``SLACK`` of its peak, or ``holds_little``
@@ -123,11 +123,13 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     quiet = prev.quiet_rounds + 1 if idle else 0
     deep = queue >= min(QUEUE, max(1, obs.running_requests))
     # a load that came: judged on the queue now, not on the need, which still carries a burst that
-    # just left (judged on that, a model took a share from the next burst for a round and gave it back);
-    # a queue of ``QUEUE`` waiting now: a preempted request is back in the queue (it counted twice), and
-    # a cold model lent down to one request's room, one running, one waiting and one preempted, read as
-    # a ramp and took its whole share from a burst at its peak for three rounds (bursts+tier, seed 1, stop 42, 18 s)
-    ramp = streak >= PERSIST and deep and obs.waiting_requests >= QUEUE and wanted * HEADROOM >= LEFT * obs.limit_bytes
+    # just left (judged on that, a model took a share from the next burst for a round and gave it
+    # back); ``QUEUE`` waiting now, preemptions aside: a preempted request is back in the queue, and
+    # counted twice, a cold model lent down to one request's room (one running, one waiting, one
+    # preempted) read as a ramp and took its whole share from a burst at its peak for three rounds
+    # (bursts+tier, seed 1, stop 42, 18 s)
+    queued_now = obs.waiting_requests >= QUEUE
+    ramp = streak >= PERSIST and deep and queued_now and wanted * HEADROOM >= LEFT * obs.limit_bytes
     return replace(prev, need_ewma=need, recent_used=recent, per_request=per, largest_request=largest,
                    last_reading=reading,
                    short_rounds=streak, stalled_rounds=stalled, waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp,
