@@ -39,7 +39,8 @@ within a round or two: the dwell separates noise from a change of load.
   whole share back at once. A model whose load is still there lends below its share only to one
   short for ``LOAN`` rounds (lent after two, it recalled the loan at its next spike: a flap) --
   or to a burst once its own load slackened for a round or its use fell fourfold, nothing
-  waiting (``ModelMemory.slack``);
+  waiting (``ModelMemory.slack``): down to what it holds if it holds a loan or used one over the
+  dwell (the burst that just ended), else down to its working set (a light load's gap);
 * a model short for one round below its share while another holds more than its own with
   nothing of it waiting, and runs nothing or has at least as much unused as the first lacks
   (``_beside_an_idle_loan``), claims its share at once, as a burst does;
@@ -94,7 +95,9 @@ def need(m: ModelBudget, mem: ModelMemory) -> int:
     return max(m.min_bytes, min(m.max_bytes, int(max(mem.working_set, mem.need_ewma) * HEADROOM)))
 
 
-def needs_of(models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget: int) -> tuple[dict[str, int], bool]:
+def needs_of(
+    models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget: int, limits: Mapping[str, int]
+) -> tuple[dict[str, int], bool]:
     """Each model's need and whether together they take the whole ``budget`` or more
     (contested: a need at a model's maximum may be larger still -- a burst at its share beside an
     idle model at its minimum need summed to the budget exactly, so the burst took nothing from
@@ -105,19 +108,24 @@ def needs_of(models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget:
     served, and held its target -- and so the new burst's -- at the old split for a second round
     of each phase of alternating bursts -- a round whose finishing rate halved, or whose use
     fell fourfold (``ModelMemory.slack``), is enough: waiting for a quarter of the peak rate, the
-    next burst waited at its share 3 s for the last one's tail. A ramp or a burst
+    next burst waited at its share 3 s for the last one's tail. Only a loan's holder needs so
+    little (its limit now or its use over the dwell above its fair share): a light load within its
+    share is slack whenever a Poisson gap leaves it running nothing for a round, and lent down to
+    one request's room, longtail's smallest model queued its next two requests ~3 s for a claim
+    (stop 43, its worst); steady's models were lent away at such dips and took it back (8 resizes
+    a model a minute with the tier on). A ramp or a burst
     (``ModelMemory.ramp``, ``surge``) needs at least its fair share, as a static split gives it:
     claiming a round's queue at a time, longtail's smallest model reached its share 17 s into its
     ramp."""
     needs = {m.name: need(m, mems[m.name]) for m in models}
     contested = sum(needs.values()) >= budget
+    fair = fair_shares(models, budget)
     if contested and any(mems[m.name].surge for m in models):
         for m in models:
             mem = mems[m.name]
-            if mem.slack and not mem.quiet:
+            if mem.slack and not mem.quiet and max(limits[m.name], mem.working_set) > fair[m.name]:
                 lately = mem.recent_used[-1]
                 needs[m.name] = need(m, replace(mem, recent_used=(lately,), need_ewma=lately))
-    fair = fair_shares(models, budget)
     for m in models:
         if mems[m.name].ramp or mems[m.name].surge:
             needs[m.name] = max(needs[m.name], fair[m.name])
@@ -154,7 +162,7 @@ def plan_demand(
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
     fair = fair_shares(active, group.budget_bytes - pinned)
     mems = _beside_an_idle_loan(active, observed, fair, mems)
-    needs, contested = needs_of(active, mems, group.budget_bytes - pinned)
+    needs, contested = needs_of(active, mems, group.budget_bytes - pinned, old)
     target = targets(active, needs, group.budget_bytes - pinned)
     restored = restore_bounds(group, active, old, target)
     if restored is not None:  # a spec change put limits above a maximum or the budget: fix that first
@@ -252,11 +260,11 @@ def _room(m: ModelBudget, r: Round, asks: Asks) -> int:
     """What a donor may give this round. Down to its target (below its share, keeping room for
     one request more, ``_lends_to``): once its load left (``QUIET``: idle memory goes to anyone
     short); to a burst once its own load slackened for a round (``slack``; its target then is
-    what it holds, ``needs_of``); past the dwell of its latest grant to a settled model short for
-    ``LOAN`` rounds. Down to its fair share: past that dwell to a settled model, or within it as
-    much as a model below its own share claims back. A donor whose load was still there lent
-    below its share after two short rounds of another's and took it back at its next spike (the
-    steady load's memory went there and back in 4 s)."""
+    what it holds if it held a loan, ``needs_of``); past the dwell of its latest grant to a
+    settled model short for ``LOAN`` rounds. Down to its fair share: past that dwell to a settled
+    model, or within it as much as a model below its own share claims back. A donor whose load
+    was still there lent below its share after two short rounds of another's and took it back at
+    its next spike (the steady load's memory went there and back in 4 s)."""
     limit, target, fair, mem = r.limit(m.name), r.target[m.name], r.fair[m.name], r.mems[m.name]
     lends_to = _lends_to(target, fair, mem.largest_request or r.default, m.min_bytes)
     if mem.quiet or (asks.burst and mem.slack):

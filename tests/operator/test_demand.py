@@ -68,7 +68,8 @@ def objective(group: GroupPolicy, observed: dict[str, Observation], memory: Memo
     """The policy's objective: how far the limits are from the water-filled targets."""
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(limits[m.name] for m in group.models if not observed[m.name].reachable)
-    needs, _ = needs_of(active, memory.models, group.budget_bytes - pinned)
+    limits_seen = {m.name: observed[m.name].limit_bytes for m in active}
+    needs, _ = needs_of(active, memory.models, group.budget_bytes - pinned, limits_seen)
     target = targets(active, needs, group.budget_bytes - pinned)
     return sum(abs(limits[m.name] - target[m.name]) for m in active)
 

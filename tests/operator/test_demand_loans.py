@@ -376,3 +376,20 @@ def test_a_cold_model_with_one_waiting_and_one_preempted_claims_room_for_its_que
         limits = result.limits
     assert not memory.models["b"].ramp
     assert 2 * MiB < limits["b"] < 4 * MiB  # room for its queue of one (3.7 MiB), not two (4.5) nor its share (8)
+
+
+def test_a_light_load_within_its_share_keeps_its_working_set_from_a_burst_after_one_empty_round() -> None:
+    """c runs three 2-MiB requests, finishing three a round -- too few to read a fall in its rate --
+    then, in the second round of a's burst, none. One round with nothing running is a gap between
+    a light load's requests, not its end: c keeps room for its working set and a request more
+    (lent down to one request's room, longtail's smallest model queued its next two requests
+    ~3 s for a claim -- its worst). A model whose use went above its share (the burst that just
+    ended) still gives a burst what it does not hold (``after_a_burst``)."""
+    group = GroupPolicy(48 * MiB, tuple(ModelBudget(n, 2 * MiB, 44 * MiB) for n in "abc"),
+                        hysteresis_bytes=MiB, max_step_bytes=16 * MiB, dwell_rounds=8)  # fmt: skip
+    limits, memory, _ = run(group, {"a": 4, "b": 7, "c": 3}, 3, {n: 16 * MiB for n in "abc"})
+    limits, memory, _ = run(group, {"a": 40, "b": 7, "c": 3}, 1, limits, memory)
+    gap, memory, _ = run(group, {"a": 40, "b": 7, "c": 0}, 1, limits, memory)
+    assert memory.models["c"].slack
+    assert memory.models["a"].surge
+    assert gap["c"] >= int(3 * 2 * MiB * 1.1) + 2 * MiB
