@@ -16,7 +16,8 @@ share counts only those waiting, ``_claim``):
                           (free budget first)
                donor:     the model with the most it may give (below) -- and never below
                           its target, so never below its working set unless the budget is
-                          contested (where a burst's round counts only what a donor holds)
+                          contested (where a burst's round counts only what a slack loan
+                          holder holds)
 
 Against flapping (a steady load must not move memory back and forth) while a burst is served
 within a round or two: the dwell separates noise from a change of load.
@@ -40,7 +41,7 @@ within a round or two: the dwell separates noise from a change of load.
   short for ``LOAN`` rounds (lent after two, it recalled the loan at its next spike: a flap) --
   or to a burst once its own load slackened for a round or its use fell fourfold, nothing
   waiting (``ModelMemory.slack``): down to what it holds if it holds a loan or used one over the
-  dwell (the burst that just ended), else down to its working set (a light load's gap);
+  dwell (the burst that just ended), else down to its need (a light load's gap);
 * a model short for one round below its share while another holds more than its own with
   nothing of it waiting, and runs nothing or has at least as much unused as the first lacks
   (``_beside_an_idle_loan``), claims its share at once, as a burst does;
@@ -99,24 +100,23 @@ def needs_of(
     models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget: int, limits: Mapping[str, int]
 ) -> tuple[dict[str, int], bool]:
     """Each model's need and whether together they take the whole ``budget`` or more
-    (contested: a need at a model's maximum may be larger still -- a burst at its share beside an
-    idle model at its minimum need summed to the budget exactly, so the burst took nothing from
-    the idle model's share for the dwell of that model's grant while eight of its requests
-    waited; bursts, seed 1 of stop 42's run, 7-10 s). In a contested
-    round with a burst (``SURGE``), a model whose load looked gone for a round needs only what it
-    holds: its working set over the dwell and its need's EWMA still carry the burst it just
-    served, and held its target -- and so the new burst's -- at the old split for a second round
-    of each phase of alternating bursts -- a round whose finishing rate halved, or whose use
-    fell fourfold (``ModelMemory.slack``), is enough: waiting for a quarter of the peak rate, the
-    next burst waited at its share 3 s for the last one's tail. Only a loan's holder needs so
-    little (its limit now or its use over the dwell above its fair share): a light load within its
-    share is slack whenever a Poisson gap leaves it running nothing for a round, and lent down to
-    one request's room, longtail's smallest model queued its next two requests ~3 s for a claim
-    (stop 43, its worst); steady's models were lent away at such dips and took it back (8 resizes
-    a model a minute with the tier on). A ramp or a burst
-    (``ModelMemory.ramp``, ``surge``) needs at least its fair share, as a static split gives it:
-    claiming a round's queue at a time, longtail's smallest model reached its share 17 s into its
-    ramp."""
+    (``limits``: this round's, which tell a loan's holder; contested: a need at a model's maximum
+    may be larger still -- a burst at its share beside an idle model at its minimum need summed to
+    the budget exactly, so the burst took nothing from the idle model's share for the dwell of that
+    model's grant while eight of its requests waited; bursts, seed 1 of stop 42's run, 7-10 s). In a
+    contested round with a burst (``SURGE``), a model whose load looked gone for a round needs only
+    what it holds: its working set over the dwell and its need's EWMA still carry the burst it just
+    served, and held its target -- and so the new burst's -- at the old split for a second round of
+    each phase of alternating bursts -- a round whose finishing rate halved, or whose use fell
+    fourfold (``ModelMemory.slack``), is enough: waiting for a quarter of the peak rate, the next
+    burst waited at its share 3 s for the last one's tail. Only a loan's holder needs so little (its
+    limit now or its use over the dwell above its fair share): a light load within its share is
+    slack whenever a Poisson gap leaves it running nothing for a round, and lent down to one
+    request's room, longtail's smallest model queued its next two requests ~3 s for a claim (stop
+    43, its worst); steady's models were lent away at such dips and took it back (8 resizes a model
+    a minute with the tier on). A ramp or a burst (``ModelMemory.ramp``, ``surge``) needs at least
+    its fair share, as a static split gives it: claiming a round's queue at a time, longtail's
+    smallest model reached its share 17 s into its ramp."""
     needs = {m.name: need(m, mems[m.name]) for m in models}
     contested = sum(needs.values()) >= budget
     fair = fair_shares(models, budget)
@@ -189,14 +189,14 @@ def _beside_an_idle_loan(
 ) -> dict[str, ModelMemory]:  # fmt: skip
     """A model short below its fair share beside a loan that stands idle (``_stands_idle``) is a
     burst (``surge``) this round: it claims its share at once, and every burst rule applies to it
-    -- a donor whose rate just halved (``slack``) may give to it down to what it holds, so the
-    memory may come from another model than the idle holder, as for a burst of ``SURGE``. Waiting
-    for a second short round or a queue of ``SURGE``, a burst stood one round at 2.75 MiB of its
-    8-MiB share beside a 13.25-MiB pool holding no request, and longtail's smallest model 2.5 s
-    at 2.5 MiB of its 5.33 beside an 11-MiB pool running three requests (its worst requests came
-    then). A loan in use is not idle: a queue of two beside it waits for a second round. Each
-    holder is weighed alone: two part-idle loans do not add up to one claim. The flag lives one
-    round: ``remember`` sets it afresh."""
+    -- a donor whose rate just halved (``slack``) may give to it down to what it holds if it holds
+    or just used a loan (``needs_of``), so the memory may come from another model than the idle
+    holder, as for a burst of ``SURGE``. Waiting for a second short round or a queue of ``SURGE``, a
+    burst stood one round at 2.75 MiB of its 8-MiB share beside a 13.25-MiB pool holding no request,
+    and longtail's smallest model 2.5 s at 2.5 MiB of its 5.33 beside an 11-MiB pool running three
+    requests (its worst requests came then). A loan in use is not idle: a queue of two beside it
+    waits for a second round. Each holder is weighed alone: two part-idle loans do not add up to one
+    claim. The flag lives one round: ``remember`` sets it afresh."""
     claims = {m.name for m in active
               if mems[m.name].short_rounds >= 1 and observed[m.name].limit_bytes < fair[m.name]
               and any(_stands_idle(observed[n.name], fair[n.name], fair[m.name] - observed[m.name].limit_bytes)
@@ -259,12 +259,12 @@ class Asks:
 def _room(m: ModelBudget, r: Round, asks: Asks) -> int:
     """What a donor may give this round. Down to its target (below its share, keeping room for
     one request more, ``_lends_to``): once its load left (``QUIET``: idle memory goes to anyone
-    short); to a burst once its own load slackened for a round (``slack``; its target then is
-    what it holds if it held a loan, ``needs_of``); past the dwell of its latest grant to a
-    settled model short for ``LOAN`` rounds. Down to its fair share: past that dwell to a settled
-    model, or within it as much as a model below its own share claims back. A donor whose load
-    was still there lent below its share after two short rounds of another's and took it back at
-    its next spike (the steady load's memory went there and back in 4 s)."""
+    short); to a burst once its own load slackened for a round (``slack``; its target then is what
+    it holds if it holds or used a loan, else its need, ``needs_of``); past the dwell of its latest
+    grant to a settled model short for ``LOAN`` rounds. Down to its fair share: past that dwell to a
+    settled model, or within it as much as a model below its own share claims back. A donor whose
+    load was still there lent below its share after two short rounds of another's and took it back
+    at its next spike (the steady load's memory went there and back in 4 s)."""
     limit, target, fair, mem = r.limit(m.name), r.target[m.name], r.fair[m.name], r.mems[m.name]
     lends_to = _lends_to(target, fair, mem.largest_request or r.default, m.min_bytes)
     if mem.quiet or (asks.burst and mem.slack):

@@ -14,7 +14,9 @@ from kvpool_operator.policy import Observation
 RISE, DECAY, HEADROOM = 0.7, 0.5, 1.1
 QUIET = 2  #: rounds in a row that its load looked gone (``idle``): the load left
 IDLE = 4.0  #: ... finishing at most 1/IDLE of its peak rate over the dwell, at most 1/LEFT of the pool used
-SLACK = 2.0  #: ... finishing at most 1/SLACK of it for one round: slack enough to give a burst what it does not hold
+#: ... finishing at most 1/SLACK of it for one round: slack enough to give a burst what it does not
+#: hold (a loan's holder; within its share, what its need leaves: ``demand.needs_of``)
+SLACK = 2.0
 PERSIST = 2  #: rounds in a row a model must be short before it is granted memory
 QUEUE = 2.0  #: ... with this many requests waiting on average (EWMA, alpha 0.5), or as many as run
 SURGE = 2 * QUEUE  #: or this many waiting in one round with the pool full: a burst, granted at once
@@ -152,12 +154,13 @@ def starved(obs: Observation, per_request: float, stalled_rounds: int) -> bool:
 def holds_little(obs: Observation, recent_used: tuple[float, ...], done: tuple[int, ...]) -> bool:
     """Nothing waits or was preempted, and nothing runs -- or, where too few finish a round to
     read a fall in the rate (``RATE_SIGNAL``), what runs holds at most 1/``IDLE`` of its peak use
-    over the dwell: its load fell, so it may give a burst what it does not hold (``slack``),
-    keeping room for one request. Judged on the rate alone, a pool whose burst ended with one long
-    request still running, or that finished its burst's tail in the round its phase ended, was not
-    slack: the next burst got its fair share back, and the rest three rounds later (alternating
-    bursts' worst TTFTs came then). Where the rate can be read it decides: a steady load of short
-    requests holds little at any moment and finishes many a round."""
+    over the dwell: its load fell, so it may give a burst what it does not hold (``slack``; if it
+    holds or used a loan, ``demand.needs_of``), keeping room for one request. Judged on the rate
+    alone, a pool whose burst ended with one long request still running, or that finished its
+    burst's tail in the round its phase ended, was not slack: the next burst got its fair share
+    back, and the rest three rounds later (alternating bursts' worst TTFTs came then). Where the
+    rate can be read it decides: a steady load of short requests holds little at any moment and
+    finishes many a round."""
     if obs.waiting_requests + obs.preemptions > 0:
         return False
     if obs.running_requests == 0:

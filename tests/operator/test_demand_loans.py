@@ -393,3 +393,4 @@ def test_a_light_load_within_its_share_keeps_its_working_set_from_a_burst_after_
     assert memory.models["c"].slack
     assert memory.models["a"].surge
     assert gap["c"] >= int(3 * 2 * MiB * 1.1) + 2 * MiB
+    assert gap["a"] > limits["a"]  # what c does not need still goes to the burst
