@@ -17,7 +17,8 @@ share counts only those waiting, ``_claim``):
                donor:     the model with the most it may give (below) -- and never below
                           its target, so never below its working set unless the budget is
                           contested (where a burst's round counts only what a slack loan
-                          holder holds)
+                          holder holds, and a loan goes back to a claim of a static share
+                          whatever the lender's target)
 
 Against flapping (a steady load must not move memory back and forth) while a burst is served
 within a round or two: the dwell separates noise from a change of load.
@@ -59,9 +60,11 @@ other small ones were fix-ups that a Poisson load undoes; a grant from free budg
 the hysteresis or all the recipient lacks. Moves are whole pages.
 
 Objective: the distance of the limits from the water-filled targets (the max-min fair split of
-need), sum |limit - target|. A move takes at most the donor's excess over its target and gives
-at most the recipient's shortfall, so every move lowers it by twice the bytes moved (once from
-free budget); a round with no such move worth the hysteresis plans nothing.
+need), sum |limit - target|, plus each model's shortfall below its fair share or its target if
+that is less, sum max(0, min(fair, target) - limit): a static split's guarantee first. A move
+gives at most the recipient's shortfall and takes at most the donor's excess over its target --
+or, for a claim of a share in a contested round, over the donor's share -- so every move lowers
+it (by the bytes moved at least); a round with no such move worth the hysteresis plans nothing.
 """
 
 from __future__ import annotations
@@ -261,8 +264,13 @@ def _room(m: ModelBudget, r: Round, asks: Asks) -> int:
     one request more, ``_lends_to``): once its load left (``QUIET``: idle memory goes to anyone
     short); to a burst once its own load slackened for a round (``slack``; its target then is what
     it holds if it holds or used a loan, else its need, ``needs_of``); past the dwell of its latest
-    grant to a settled model short for ``LOAN`` rounds. Down to its fair share: past that dwell to a
-    settled model, or within it as much as a model below its own share claims back. A donor whose
+    grant to a settled model short for ``LOAN`` rounds. Down to its fair share and target: past that
+    dwell to a settled model. Whatever the dwells, as much as a model below its own share claims
+    back (``_claim``) -- in a contested round down to the lender's share, its target aside: the
+    budget cannot hold both needs, and a static split's guarantee comes first. Kept to the lender's
+    target (its need water-filled beside the claimant's, above its share), longtail's second model
+    ramped at 1-2.25 MiB of its 2.67-MiB share for 7 s with 4-9 requests queued, its claim cut to
+    part of the loan and, past the lender's dwell, to nothing (stop 44, seed 0). A donor whose
     load was still there lent below its share after two short rounds of another's and took it back
     at its next spike (the steady load's memory went there and back in 4 s)."""
     limit, target, fair, mem = r.limit(m.name), r.target[m.name], r.fair[m.name], r.mems[m.name]
@@ -270,9 +278,10 @@ def _room(m: ModelBudget, r: Round, asks: Asks) -> int:
     if mem.quiet or (asks.burst and mem.slack):
         return max(0, limit - lends_to)
     above = max(0, limit - max(target, fair))
+    claimed = min(max(0, limit - (fair if r.contested else max(target, fair))), asks.claim)
     if r.now - mem.last_grow > r.group.dwell_rounds and asks.settled:
-        return max(0, limit - lends_to) if asks.short_rounds >= LOAN else above
-    return min(above, asks.claim)
+        return max(claimed, max(0, limit - lends_to) if asks.short_rounds >= LOAN else above)
+    return claimed
 
 
 def _lends_to(target: int, fair: int, per_request: float, min_bytes: int) -> int:

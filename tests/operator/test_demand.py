@@ -1,7 +1,7 @@
 """The demand policy (pure): the budget and every bound hold, at most one move a round and only
 toward a model short of memory, a donor never below its need unless the budget is contested, a
 steady load stops moving memory (no flapping), a burst gets memory within rounds, and every move
-lowers the modelled objective (the distance from the fair targets)."""
+lowers the modelled objective (the distance from the fair targets, and below the fair shares)."""
 
 from __future__ import annotations
 
@@ -65,13 +65,16 @@ def observe(limits: dict[str, int], loads: dict[str, Load]) -> dict[str, Observa
 
 
 def objective(group: GroupPolicy, observed: dict[str, Observation], memory: Memory, limits: dict[str, int]) -> int:
-    """The policy's objective: how far the limits are from the water-filled targets."""
+    """The policy's objective: how far the limits are from the water-filled targets, plus how far
+    each model is below its fair share (or its target, if less)."""
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(limits[m.name] for m in group.models if not observed[m.name].reachable)
     limits_seen = {m.name: observed[m.name].limit_bytes for m in active}
     needs, _ = needs_of(active, memory.models, group.budget_bytes - pinned, limits_seen)
     target = targets(active, needs, group.budget_bytes - pinned)
-    return sum(abs(limits[m.name] - target[m.name]) for m in active)
+    fair = fair_shares(active, group.budget_bytes - pinned)
+    distance = sum(abs(limits[m.name] - target[m.name]) for m in active)
+    return distance + sum(max(0, min(fair[m.name], target[m.name]) - limits[m.name]) for m in active)
 
 
 Step = tuple[dict[str, Observation], Plan, Memory, dict[str, int]]

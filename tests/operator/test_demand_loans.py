@@ -404,3 +404,16 @@ def test_a_light_load_within_its_share_keeps_its_working_set_from_a_burst_after_
     assert memory.models["a"].surge
     assert gap["c"] >= int(3 * 2 * MiB * 1.1) + 2 * MiB
     assert gap["a"] > limits["a"]  # what c does not need still goes to the burst
+
+
+def test_a_ramp_below_its_share_takes_a_loan_back_to_the_lenders_share_whatever_its_target() -> None:
+    """a holds a 10-MiB loan and needs all of it and more; b's ramp arrives at 6 MiB of its 16-MiB
+    share; c holds its share with two requests. The budget cannot hold a's and b's needs: b takes
+    its share back from a at once, a down to its share -- not only a's excess over its target
+    (the need water-filled beside b's), which held longtail's second model at 1-2.25 MiB of its
+    2.67-MiB share for 7 s with 4-9 requests queued (stop 44, seed 0)."""
+    group = GroupPolicy(48 * MiB, tuple(ModelBudget(n, 2 * MiB, 44 * MiB) for n in "abc"),
+                        hysteresis_bytes=MiB, max_step_bytes=16 * MiB, dwell_rounds=8)  # fmt: skip
+    limits, memory, _ = run(group, {"a": 20, "b": 2, "c": 2}, 3, {"a": 26 * MiB, "b": 6 * MiB, "c": 16 * MiB})
+    after, _, _ = run(group, {"a": 20, "b": 15, "c": 2}, 1, limits, memory)
+    assert after["b"] == 16 * MiB == after["a"]
