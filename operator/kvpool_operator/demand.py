@@ -14,11 +14,11 @@ share counts only those waiting, ``_claim``):
     a move   = donor -> recipient, at most max_step, at least hysteresis:
                recipient: the short model furthest below its target that a move may serve
                           (free budget first)
-               donor:     the model with the most it may give (below) -- and never below
-                          its target, so never below its working set unless the budget is
-                          contested (where a burst's round counts only what a slack loan
-                          holder holds, and a loan goes back to a claim of a static share
-                          whatever the lender's target)
+               donor:     the model with the most it may give (below) -- never below its
+                          target but for a claim of a static share in a contested round
+                          (down to the lender's share), so never below its working set
+                          unless the budget is contested (where a burst's round also counts
+                          only what a slack loan holder holds)
 
 Against flapping (a steady load must not move memory back and forth) while a burst is served
 within a round or two: the dwell separates noise from a change of load.
@@ -36,9 +36,10 @@ within a round or two: the dwell separates noise from a change of load.
   late);
 * a grant above a model's fair share (the budget water-filled by weight up to every maximum, what
   a static split gives it) is a loan: a model short below its share takes it back within any
-  dwell, its own or the lender's, down to the lender's share and up to what its queue needs
-  (``_claim``); it never waits a dwell for its static share, and a ramp or a burst takes its
-  whole share back at once. A model whose load is still there lends below its share only to one
+  dwell, its own or the lender's, down to the lender's share (where the needs do not take the
+  whole budget, down to the lender's target if that is more) and up to what its queue needs
+  (``_claim``); it never waits a dwell for a loan of its static share, and a ramp or a burst
+  takes its whole share back at once. A model whose load is still there lends below its share only to one
   short for ``LOAN`` rounds (lent after two, it recalled the loan at its next spike: a flap) --
   or to a burst once its own load slackened for a round or its use fell fourfold, nothing
   waiting (``ModelMemory.slack``): down to what it holds if it holds a loan or used one over the
@@ -267,7 +268,7 @@ def _room(m: ModelBudget, r: Round, asks: Asks) -> int:
     grant to a settled model short for ``LOAN`` rounds. Down to its fair share and target: past that
     dwell to a settled model. Whatever the dwells, as much as a model below its own share claims
     back (``_claim``) -- in a contested round down to the lender's share, its target aside: the
-    budget cannot hold both needs, and a static split's guarantee comes first. Kept to the lender's
+    needs take the whole budget, and a static split's guarantee comes first. Kept to the lender's
     target (its need water-filled beside the claimant's, above its share), longtail's second model
     ramped at 1-2.25 MiB of its 2.67-MiB share for 7 s with 4-9 requests queued, its claim cut to
     part of the loan and, past the lender's dwell, to nothing (stop 44, seed 0). A donor whose
@@ -314,7 +315,7 @@ class Round:
     #: bytes per request of a model none of whose requests ran yet (or none two rounds in a row):
     #: the group's largest seen
     default: float
-    contested: bool  #: the needs (before ``needs_of`` lowered any) take the whole budget or more
+    contested: bool  #: the needs (before ``needs_of`` lowered or raised any) take the whole budget or more
 
     def limit(self, name: str) -> int:
         return self.observed[name].limit_bytes

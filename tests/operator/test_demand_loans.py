@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvpool_operator.demand import LOAN, plan_demand
+from kvpool_operator.demand import LOAN, needs_of, plan_demand, targets
 from kvpool_operator.demand_memory import PERSIST, SURGE, Memory, ModelMemory
 from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation, Plan
 
@@ -406,14 +406,29 @@ def test_a_light_load_within_its_share_keeps_its_working_set_from_a_burst_after_
     assert gap["a"] > limits["a"]  # what c does not need still goes to the burst
 
 
-def test_a_ramp_below_its_share_takes_a_loan_back_to_the_lenders_share_whatever_its_target() -> None:
-    """a holds a 10-MiB loan and needs all of it and more; b's ramp arrives at 6 MiB of its 16-MiB
+def test_a_burst_below_its_share_takes_a_loan_back_to_the_lenders_share_whatever_its_target() -> None:
+    """a holds a 10-MiB loan and needs all of it and more; b's burst arrives at 6 MiB of its 16-MiB
     share; c holds its share with two requests. The budget cannot hold a's and b's needs: b takes
     its share back from a at once, a down to its share -- not only a's excess over its target
     (the need water-filled beside b's), which held longtail's second model at 1-2.25 MiB of its
-    2.67-MiB share for 7 s with 4-9 requests queued (stop 44, seed 0)."""
+    2.67-MiB share for 7 s with 4-9 requests queued (stop 44, seed 0). So past a's dwell and
+    within it (a grew 4 MiB from free budget two rounds before). Where the budget holds every
+    need, a keeps its own."""
     group = GroupPolicy(48 * MiB, tuple(ModelBudget(n, 2 * MiB, 44 * MiB) for n in "abc"),
                         hysteresis_bytes=MiB, max_step_bytes=16 * MiB, dwell_rounds=8)  # fmt: skip
-    limits, memory, _ = run(group, {"a": 20, "b": 2, "c": 2}, 3, {"a": 26 * MiB, "b": 6 * MiB, "c": 16 * MiB})
-    after, _, _ = run(group, {"a": 20, "b": 15, "c": 2}, 1, limits, memory)
-    assert after["b"] == 16 * MiB == after["a"]
+    models = list(group.models)
+    for a_from, a_load, b_load in ((26, 20, 15), (22, 20, 15), (26, 12, 7)):
+        start = {"a": a_from * MiB, "b": 6 * MiB, "c": 16 * MiB}
+        limits, memory, _ = run(group, {"a": a_load, "b": 2, "c": 2}, 3, start)
+        within_dwell = memory.round - memory.models["a"].last_grow <= group.dwell_rounds
+        assert limits["a"] == 26 * MiB
+        assert within_dwell == (a_from == 22)
+        after, memory, _ = run(group, {"a": a_load, "b": b_load, "c": 2}, 1, limits, memory)
+        needs, contested = needs_of(models, memory.models, group.budget_bytes, limits)
+        assert memory.models["b"].surge
+        assert targets(models, needs, group.budget_bytes)["a"] > 16 * MiB
+        assert contested == (b_load == 15)
+        if contested:
+            assert after["b"] == 16 * MiB == after["a"]
+        else:
+            assert after["a"] == limits["a"]
