@@ -39,9 +39,9 @@ within a round or two: the dwell separates noise from a change of load.
   dwell, its own or the lender's, down to the lender's share (where the needs do not take the
   whole budget, down to the lender's target if that is more) and up to what its queue needs
   (``_claim``); it never waits a dwell for a loan of its static share, and a ramp or a burst
-  takes its whole share back at once. A model whose load is still there lends below its share only to one
-  short for ``LOAN`` rounds (lent after two, it recalled the loan at its next spike: a flap) --
-  or to a burst once its own load slackened for a round or its use fell fourfold, nothing
+  takes its whole share back at once. A model whose load is still there lends below its share
+  only to one short for ``LOAN`` rounds (lent after two, it recalled the loan at its next spike: a
+  flap) -- or to a burst once its own load slackened for a round or its use fell fourfold, nothing
   waiting (``ModelMemory.slack``): down to what it holds if it holds a loan or used one over the
   dwell (the burst that just ended), else down to its need (a light load's gap);
 * a model short for one round below its share while another holds more than its own with

@@ -155,9 +155,9 @@ def holds_little(obs: Observation, recent_used: tuple[float, ...], done: tuple[i
     """Nothing waits, and nothing runs -- or, with nothing preempted in the round, where too few
     finish a round to read a fall in the rate (``RATE_SIGNAL``), what runs holds at most 1/``IDLE``
     of its peak use over the dwell: its load fell, so it may give a burst what it does not hold
-    (``slack``; if it holds or used a loan, ``demand.needs_of``), keeping room for one request. Judged on the rate
-    alone, a pool whose burst ended with one long request still running, or that finished its
-    burst's tail in the round its phase ended, was not slack: the next burst got its fair share
+    (``slack``; if it holds or used a loan, ``demand.needs_of``), keeping room for one request.
+    Judged on the rate alone, a pool whose burst ended with one long request still running, or
+    that finished its burst's tail in the round its phase ended, was not slack: the next burst got its fair share
     back, and the rest three rounds later (alternating bursts' worst TTFTs came then). Where the
     rate can be read it decides: a steady load of short requests holds little at any moment and
     finishes many a round. A request preempted in the round is back in the queue or running: if

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvpool_operator.demand import LOAN, needs_of, plan_demand, targets
-from kvpool_operator.demand_memory import PERSIST, SURGE, Memory, ModelMemory
+from kvpool_operator.demand import LOAN, plan_demand
+from kvpool_operator.demand_memory import Memory, ModelMemory
 from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation, Plan
 
 from tests.operator.demand_rounds import MiB, run, small_pair, three_models, two_models
@@ -142,82 +142,6 @@ def test_a_short_model_held_by_its_dwell_does_not_hold_back_another_short_model(
     assert (result.grows, result.shrinks) == (("b",), ("c",))
 
 
-def test_a_ramp_below_its_share_takes_the_whole_share_back_not_a_queue_at_a_time() -> None:
-    """The long-tail benchmark's smallest model: lent down to one request's room, then its ramp --
-    claiming what each round's queue would hold, it reached its share 17 s after the ramp began
-    (3x static's p99). Short for ``PERSIST`` rounds and needing twice its limit, b takes its
-    whole share back in one move; a queue of three behind two requests is no burst (``SURGE``)."""
-    group = GroupPolicy(64 * MiB, (ModelBudget("a", 2 * MiB, 62 * MiB), ModelBudget("b", 2 * MiB, 62 * MiB)),
-                        hysteresis_bytes=2 * MiB, max_step_bytes=64 * MiB, dwell_rounds=8)  # fmt: skip
-    limits, _, _ = run(group, {"a": 30, "b": 5}, PERSIST, {"a": 60 * MiB, "b": 4 * MiB})
-    assert limits == {"a": 32 * MiB, "b": 32 * MiB}
-
-
-def test_a_model_whose_burst_just_left_claims_its_queue_not_its_share() -> None:
-    """b's working set and need still carry the burst it just served; a queue of one behind its
-    four requests is no ramp: it claims room for that queue, not its share back from a's burst
-    (claimed on its need, b took 3 MiB from the next burst for one round and gave it back)."""
-    group = two_models(dwell=8)
-    mib = float(MiB)
-    memory = Memory(5, {"a": ModelMemory(last_grow=4, per_request=2 * mib, finished_seen=10),
-                        "b": ModelMemory(need_ewma=40 * mib, recent_used=(40 * mib,) * 4 + (8 * mib,),
-                                         per_request=2 * mib, short_rounds=PERSIST, waiting_ewma=3, deep=True,
-                                         finished_seen=10)})  # fmt: skip
-    observed = {"a": Observation(56 * MiB, 56 * MiB, running_requests=28, finished_total=30),
-                "b": Observation(8 * MiB, 8 * MiB, 1, running_requests=4, finished_total=14)}  # fmt: skip
-    result, _ = plan_demand(group, observed, memory)
-    assert isinstance(result, Plan)
-    assert 8 * MiB < result.limits["b"] <= 12 * MiB
-
-
-def test_a_burst_below_its_share_takes_the_whole_share_back_in_one_round() -> None:
-    """A queue of a burst (``SURGE``) behind a full pool below its share: the whole share at once,
-    not its queue's bytes a round at a time (alternating bursts spent 3 s below their share that
-    way and built queues their phase never drained); a queue of three does not (see above)."""
-    group = replace(two_models(dwell=8), max_step_bytes=64 * MiB)
-    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
-    assert limits["b"] <= 16 * MiB
-    after, _, _ = run(group, {"a": 26, "b": limits["b"] // (2 * MiB) + SURGE}, 1, limits, memory)
-    assert after == {"a": 32 * MiB, "b": 32 * MiB}
-
-
-def test_the_rest_of_a_claimed_share_is_granted_though_less_than_a_request() -> None:
-    """b bursts half a request below its share: the last MiB is a claim, not a fix-up (a burst at
-    3.5 of its 4 MiB share waited three rounds with six requests queued for it)."""
-    group = two_models(dwell=8)
-    limits, _, _ = run(group, {"a": 16, "b": 15 + SURGE}, 1, {"a": 33 * MiB, "b": 31 * MiB})
-    assert limits == {"a": 32 * MiB, "b": 32 * MiB}
-
-
-def test_a_short_model_takes_its_share_at_once_from_a_pool_holding_no_request() -> None:
-    """b queues two requests (fewer than a burst's ``SURGE``) in its first short round, while a
-    holds a loan and runs nothing: b takes its whole share back in that round. While a still
-    runs its load, one short round with a short queue moves nothing."""
-    group = replace(two_models(dwell=8), max_step_bytes=64 * MiB)
-    limits, memory, _ = run(group, {"a": 26, "b": 0}, 3, {"a": 32 * MiB, "b": 32 * MiB})
-    assert limits["b"] < 32 * MiB
-    queue = {"b": limits["b"] // (2 * MiB) + 2}
-    beside_empty, _, _ = run(group, {"a": 0, **queue}, 1, limits, memory)
-    assert beside_empty["b"] >= 32 * MiB
-    beside_busy, _, _ = run(group, {"a": 26, **queue}, 1, limits, memory)
-    assert beside_busy == limits
-
-
-def test_a_short_model_takes_its_share_at_once_beside_a_loan_that_stands_idle() -> None:
-    """c's idle memory went to b's queue; now b runs five requests (10 MiB of its loan) with none
-    waiting, and c's first short round with a queue of two takes c's whole share back, within
-    b's dwell (longtail's smallest model waited 2.5 s at half its share beside such a pool). A
-    loan in use -- b's pool one request from full -- gives nothing to one short round."""
-    group = replace(three_models(dwell=8), max_step_bytes=64 * MiB)
-    limits, memory, _ = run(group, {"a": 16, "b": 30, "c": 0}, 6, {"a": 32 * MiB, "b": 32 * MiB, "c": 32 * MiB})
-    assert limits["c"] < 32 * MiB < limits["b"]
-    queue = {"a": 16, "c": limits["c"] // (2 * MiB) + 2}
-    idle, _, _ = run(group, {**queue, "b": 5}, 1, limits, memory)
-    assert idle == {"a": 32 * MiB, "b": 32 * MiB, "c": 32 * MiB}
-    in_use, _, _ = run(group, {**queue, "b": limits["b"] // (2 * MiB) - 1}, 1, limits, memory)
-    assert in_use == limits
-
-
 def test_a_burst_at_its_share_takes_an_idle_pools_memory_though_their_needs_just_fill_the_budget() -> None:
     """a bursts at its 8-MiB share (six waiting) beside b, which runs nothing: a's need stops at
     its maximum and b's at its minimum, so together they fill the budget exactly -- and the round
@@ -335,59 +259,6 @@ def _b_reads(group: GroupPolicy, limits: dict[str, int], memory: Memory, used: i
     return result.limits, memory
 
 
-def test_a_pool_too_small_for_its_one_waiting_request_claims_its_share_at_once() -> None:
-    """b, lent down below one 2-MiB request, gets one and cannot start it: its wait is all loss,
-    so it claims its share in that round as a burst does. A queue of one never reached the depth
-    of a shortage: longtail's smallest model waited 3 s at 1 MiB for one request."""
-    group = small_pair(dwell=8)
-    claimed, _, _ = run(group, {"a": 10, "b": 1}, 1, {"a": 29 * MiB // 2, "b": 3 * MiB // 2})
-    assert claimed == {"a": 8 * MiB, "b": 8 * MiB}
-
-
-def test_a_pool_whose_one_request_waits_with_none_running_claims_its_share_in_the_second_round() -> None:
-    """c, lent down to 8 MiB, ran 2-MiB requests; now one request waits and none runs although
-    the room would hold one of those (this one is longer). A queue of one never grows deep (its
-    EWMA only nears 1) and the room looks big enough: c waited for rounds (longtail's smallest
-    model, 6 s at 1.25 MiB). Stalled ``PERSIST`` rounds, it claims its share back: what a holds
-    above its target comes at once."""
-    group = three_models(dwell=8)
-    limits = {"a": 56 * MiB, "b": 32 * MiB, "c": 8 * MiB}
-    memory = Memory(10, {"c": ModelMemory(per_request=2 * MiB, largest_request=2 * MiB, finished_seen=5)})
-    seen = []
-    for r in range(PERSIST):
-        observed = {"a": Observation(limits["a"], limits["a"], running_requests=28, finished_total=28 * r),
-                    "b": Observation(limits["b"], 16 * MiB, running_requests=8, finished_total=8 * r),
-                    "c": Observation(limits["c"], 0, 1, finished_total=5)}  # fmt: skip
-        result, memory = plan_demand(group, observed, memory)
-        assert isinstance(result, Plan)
-        limits = result.limits
-        seen.append(limits["c"])
-    assert seen[0] == 8 * MiB
-    assert seen[1] >= 8 * MiB + 4 * MiB  # room for two of its requests more, from a's loan
-
-
-def test_a_cold_model_with_one_waiting_and_one_preempted_claims_room_for_its_queue_not_its_share() -> None:
-    """b, lent down to one request's room beside a's burst, runs one request with one waiting,
-    then preempts it: a preempted request is back in the queue, not one more. Counted twice, it
-    read as a ramp and took its whole share from a at its peak for three rounds (bursts+tier,
-    stop 42, 18 s); it claims room for the one that waits -- counting the preempted one too, it
-    claimed room for two (4.5 MiB)."""
-    group = small_pair(dwell=8)
-    per = 1.5 * MiB
-    memory = Memory(10, {"a": ModelMemory(per_request=2 * MiB, largest_request=2 * MiB, last_grow=9, finished_seen=50),
-                         "b": ModelMemory(per_request=per, largest_request=per, last_shrink=9,
-                                          finished_seen=5)})  # fmt: skip
-    limits = {"a": 14 * MiB, "b": 2 * MiB}
-    for r, (used, preempted) in enumerate(((3 * MiB // 2, 0), (7 * MiB // 4, 1))):
-        a = Observation(limits["a"], limits["a"], 8, 3, running_requests=7, finished_total=57 + 7 * r)
-        b = Observation(limits["b"], used, 1, preempted, running_requests=1, finished_total=5)
-        result, memory = plan_demand(group, {"a": a, "b": b}, memory)
-        assert isinstance(result, Plan)
-        limits = result.limits
-    assert not memory.models["b"].ramp
-    assert 2 * MiB < limits["b"] < 4 * MiB  # room for its queue of one (3.7 MiB), not two (4.5) nor its share (8)
-
-
 def test_a_light_load_within_its_share_keeps_its_working_set_from_a_burst_after_one_empty_round() -> None:
     """c runs three 2-MiB requests, finishing three a round -- too few to read a fall in its rate --
     then, in the second round of a's burst, none. One round with nothing running is a gap between
@@ -404,31 +275,3 @@ def test_a_light_load_within_its_share_keeps_its_working_set_from_a_burst_after_
     assert memory.models["a"].surge
     assert gap["c"] >= int(3 * 2 * MiB * 1.1) + 2 * MiB
     assert gap["a"] > limits["a"]  # what c does not need still goes to the burst
-
-
-def test_a_burst_below_its_share_takes_a_loan_back_to_the_lenders_share_whatever_its_target() -> None:
-    """a holds a 10-MiB loan and needs all of it and more; b's burst arrives at 6 MiB of its 16-MiB
-    share; c holds its share with two requests. The budget cannot hold a's and b's needs: b takes
-    its share back from a at once, a down to its share -- not only a's excess over its target
-    (the need water-filled beside b's), which held longtail's second model at 1-2.25 MiB of its
-    2.67-MiB share for 7 s with 4-9 requests queued (stop 44, seed 0). So past a's dwell and
-    within it (a grew 4 MiB from free budget two rounds before). Where the budget holds every
-    need, a keeps its own."""
-    group = GroupPolicy(48 * MiB, tuple(ModelBudget(n, 2 * MiB, 44 * MiB) for n in "abc"),
-                        hysteresis_bytes=MiB, max_step_bytes=16 * MiB, dwell_rounds=8)  # fmt: skip
-    models = list(group.models)
-    for a_from, a_load, b_load in ((26, 20, 15), (22, 20, 15), (26, 12, 7)):
-        start = {"a": a_from * MiB, "b": 6 * MiB, "c": 16 * MiB}
-        limits, memory, _ = run(group, {"a": a_load, "b": 2, "c": 2}, 3, start)
-        within_dwell = memory.round - memory.models["a"].last_grow <= group.dwell_rounds
-        assert limits["a"] == 26 * MiB
-        assert within_dwell == (a_from == 22)
-        after, memory, _ = run(group, {"a": a_load, "b": b_load, "c": 2}, 1, limits, memory)
-        needs, contested = needs_of(models, memory.models, group.budget_bytes, limits)
-        assert memory.models["b"].surge
-        assert targets(models, needs, group.budget_bytes)["a"] > 16 * MiB
-        assert contested == (b_load == 15)
-        if contested:
-            assert after["b"] == 16 * MiB == after["a"]
-        else:
-            assert after["a"] == limits["a"]
