@@ -46,7 +46,7 @@ within a round or two: the dwell separates noise from a change of load.
   dwell (the burst that just ended), else down to its need (a light load's gap);
 * a model short for one round below its share while another holds more than its own with
   nothing of it waiting, and runs nothing or has at least as much unused as the first lacks
-  (``_beside_an_idle_loan``), claims its share at once, as a burst does;
+  (``beside_an_idle_loan``), claims its share at once, as a burst does;
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
   rounds once its load left. Giving a steady load's memory away down to its momentary use made
   it short seconds later (8 moves a minute with a two-round window). Below its fair share it
@@ -80,6 +80,7 @@ from kvpool_operator.demand_memory import (
     PERSIST,
     Memory,
     ModelMemory,
+    beside_an_idle_loan,
     remember,
 )
 from kvpool_operator.policy import (
@@ -120,7 +121,10 @@ def needs_of(
     43, its worst); steady's models were lent away at such dips and took it back (8 resizes a model
     a minute with the tier on). A ramp or a burst (``ModelMemory.ramp``, ``surge``) needs at least
     its fair share, as a static split gives it: claiming a round's queue at a time, longtail's
-    smallest model reached its share 17 s into its ramp."""
+    smallest model reached its share 17 s into its ramp. Contested too when that floor makes the
+    needs take the budget: a claim of the share is then a static split's guarantee (``_room``);
+    read before the floor, such a claim got only a lender's excess over a target that the
+    water-fill of the lower needs had raised above the lender's share."""
     needs = {m.name: need(m, mems[m.name]) for m in models}
     contested = sum(needs.values()) >= budget
     fair = fair_shares(models, budget)
@@ -133,7 +137,7 @@ def needs_of(
     for m in models:
         if mems[m.name].ramp or mems[m.name].surge:
             needs[m.name] = max(needs[m.name], fair[m.name])
-    return needs, contested
+    return needs, contested or sum(needs.values()) >= budget
 
 
 def targets(models: list[ModelBudget], needs: Mapping[str, int], budget: int) -> dict[str, int]:
@@ -165,7 +169,7 @@ def plan_demand(
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
     fair = fair_shares(active, group.budget_bytes - pinned)
-    mems = _beside_an_idle_loan(active, observed, fair, mems)
+    mems = beside_an_idle_loan(active, observed, fair, mems)
     needs, contested = needs_of(active, mems, group.budget_bytes - pinned, old)
     target = targets(active, needs, group.budget_bytes - pinned)
     restored = restore_bounds(group, active, old, target)
@@ -187,40 +191,9 @@ def plan_demand(
     return Plan(new, shrinks, grows), Memory(now, mems)
 
 
-def _beside_an_idle_loan(
-    active: list[ModelBudget], observed: Mapping[str, Observation], fair: Mapping[str, int],
-    mems: dict[str, ModelMemory],
-) -> dict[str, ModelMemory]:  # fmt: skip
-    """A model short below its fair share beside a loan that stands idle (``_stands_idle``) is a
-    burst (``surge``) this round: it claims its share at once, and every burst rule applies to it
-    -- a donor whose rate just halved (``slack``) may give to it down to what it holds if it holds
-    or just used a loan (``needs_of``), so the memory may come from another model than the idle
-    holder, as for a burst of ``SURGE``. Waiting for a second short round or a queue of ``SURGE``, a
-    burst stood one round at 2.75 MiB of its 8-MiB share beside a 13.25-MiB pool holding no request,
-    and longtail's smallest model 2.5 s at 2.5 MiB of its 5.33 beside an 11-MiB pool running three
-    requests (its worst requests came then). A loan in use is not idle: a queue of two beside it
-    waits for a second round. Each holder is weighed alone: two part-idle loans do not add up to one
-    claim. The flag lives one round: ``remember`` sets it afresh."""
-    claims = {m.name for m in active
-              if mems[m.name].short_rounds >= 1 and observed[m.name].limit_bytes < fair[m.name]
-              and any(_stands_idle(observed[n.name], fair[n.name], fair[m.name] - observed[m.name].limit_bytes)
-                      for n in active)}  # fmt: skip
-    return {n: replace(mem, surge=True) if n in claims else mem for n, mem in mems.items()}
-
-
-def _stands_idle(obs: Observation, fair: int, lacks: int) -> bool:
-    """A pool above its fair share (a loan; so never the claimant's own, below its share) with
-    nothing waiting or preempted, that runs nothing or has at least ``lacks`` bytes unused now.
-    Unused, not only above its share: the claim takes from the holder no more than its loan
-    (``_room``), and what the surge lends besides comes from a donor whose own load slackened."""
-    if obs.limit_bytes <= fair or obs.waiting_requests + obs.preemptions > 0:
-        return False
-    return obs.running_requests == 0 or obs.limit_bytes - obs.used_bytes >= lacks
-
-
 def _short(mem: ModelMemory) -> bool:
     """Short long enough with a queue deep enough, or a burst: short with a burst's queue, or
-    short below its share beside an idle loan (``_beside_an_idle_loan``)."""
+    short below its share beside an idle loan (``beside_an_idle_loan``)."""
     return (mem.short_rounds >= PERSIST and mem.deep) or mem.surge
 
 
@@ -315,7 +288,9 @@ class Round:
     #: bytes per request of a model none of whose requests ran yet (or none two rounds in a row):
     #: the group's largest seen
     default: float
-    contested: bool  #: the needs (before ``needs_of`` lowered or raised any) take the whole budget or more
+    #: the needs take the whole budget or more: before ``needs_of`` lowered a slack loan's, or after
+    #: it raised a ramp's or burst's to its share
+    contested: bool
 
     def limit(self, name: str) -> int:
         return self.observed[name].limit_bytes
@@ -351,8 +326,8 @@ def _one_move(r: Round) -> tuple[str | None, str, int] | None:
 
 
 def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, str, int] | None:
-    """The move to ``recipient``: from free budget, else from the donor with the most room, in
-    whole pages of both pools (a pool rounds its limit down, and the bytes one rounded away were
+    """The move to ``recipient``: from free budget, else from the donor that may give the most
+    (``_gives``), in whole pages of both pools (a pool rounds its limit down, and the bytes one rounded away were
     granted from free budget in the next round: a second resize for nothing); None if none is
     worth it."""
     name, obs, group = recipient.name, r.observed[recipient.name], r.group
@@ -364,12 +339,11 @@ def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, 
     whole = deficit // obs.page_bytes * obs.page_bytes
     if grant > 0 and (grant >= group.hysteresis_bytes or grant == whole):
         return None, name, grant
-    room = {m.name: _room(m, r, asks) for m in r.active if m is not recipient}
-    donor = max(room, key=lambda n: room[n], default=None)
-    if donor is None or room[donor] <= 0:
+    gives = {m.name: _gives(r, m, recipient, asks, deficit) for m in r.active if m is not recipient}
+    donor = max(gives, key=lambda n: gives[n], default=None)
+    if donor is None or gives[donor][0] <= 0:
         return None
-    page = math.lcm(obs.page_bytes, r.observed[donor].page_bytes)
-    amount = min(deficit, room[donor], group.max_step_bytes) // page * page
+    amount, page = gives[donor][0], math.lcm(obs.page_bytes, r.observed[donor].page_bytes)
     per = r.mems[name].per_request or r.default
     # what restores a claim is worth any whole page: a burst at 3.5 of its 4 MiB share, six waiting,
     # was refused the last half MiB (less than one request) for three rounds
@@ -380,6 +354,18 @@ def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, 
     if amount <= 0 or not (worth or obs.below(recipient.min_bytes) or restores):
         return None
     return donor, name, amount
+
+
+def _gives(r: Round, m: ModelBudget, recipient: ModelBudget, asks: Asks, deficit: int) -> tuple[int, int, int]:
+    """A donor's rank: the whole pages it may give ``recipient`` this round, then how much of that
+    lies above both its target and its fair share (memory it does not need), then its room. Where
+    two donors may give as much, the one holding a loan it does not use gives: ranked on room
+    alone, a claim of a share could cut a lender below its target beside such a loan."""
+    room = _room(m, r, asks)
+    page = math.lcm(r.observed[recipient.name].page_bytes, r.observed[m.name].page_bytes)
+    amount = min(deficit, room, r.group.max_step_bytes) // page * page
+    spare = max(0, r.limit(m.name) - max(r.target[m.name], r.fair[m.name]))
+    return amount, min(amount, spare), room
 
 
 def _buys_a_request(obs: Observation, amount: int, per: float) -> bool:

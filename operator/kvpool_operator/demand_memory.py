@@ -1,7 +1,8 @@
 """What the demand policy (``kvpool_operator.demand``) remembers of each model between rounds,
 and how one round's observation folds into it: the need's EWMA (fast grow, slow shrink), the
 use over the dwell (the working set), whether the model is short of memory and for how long, its
-queue, and whether its load looks gone (``looks_idle``). Pure, like the policy: (memory,
+queue, whether its load looks gone (``looks_idle``), and whether it is short beside a loan
+that stands idle (``beside_an_idle_loan``). Pure, like the policy: (memory,
 observation) -> memory."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from kvpool_operator.policy import Observation
+from kvpool_operator.policy import ModelBudget, Observation
 
 RISE, DECAY, HEADROOM = 0.7, 0.5, 1.1
 QUIET = 2  #: rounds in a row that its load looked gone (``idle``): the load left
@@ -100,7 +101,12 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     """Fold one observation into a model's memory (its use over the latest ``window`` rounds).
     Until a request of its own has run, a model's requests are assumed to be
     ``default_per_request`` bytes (the group's largest seen), and so is its largest until a
-    reading held two rounds (``largest_request``)."""
+    reading held two rounds (``largest_request``). A request preempted in the round is back in the
+    queue or running: where neither holds one, they finished, and the preemptions are no shortage
+    (read as one, a pool that preempted a burst's tail of ``SURGE`` as the burst ended was slack and
+    a burst at once, claiming its share from the next burst)."""
+    if obs.waiting_requests + obs.running_requests == 0:
+        obs = replace(obs, preemptions=0)
     per, largest, reading = prev.per_request, prev.largest_request, 0.0
     if obs.running_requests > 0 and obs.used_bytes > 0:
         reading = obs.used_bytes / obs.running_requests
@@ -189,3 +195,34 @@ def looks_idle(obs: Observation, counted: bool, done: tuple[int, ...], fall: flo
     if obs.running_requests > 0 and max(done) < RATE_SIGNAL:
         return False  # too few finish a round to see a fall: a load that runs is still there
     return fall * done[-1] <= max(done)
+
+
+def beside_an_idle_loan(
+    active: list[ModelBudget], observed: Mapping[str, Observation], fair: Mapping[str, int],
+    mems: dict[str, ModelMemory],
+) -> dict[str, ModelMemory]:  # fmt: skip
+    """A model short below its fair share beside a loan that stands idle (``stands_idle``) is a
+    burst (``surge``) this round: it claims its share at once, and every burst rule applies to it
+    -- a donor whose rate just halved (``slack``) may give to it down to what it holds if it holds
+    or just used a loan (``demand.needs_of``), so the memory may come from another model than the idle
+    holder, as for a burst of ``SURGE``. Waiting for a second short round or a queue of ``SURGE``, a
+    burst stood one round at 2.75 MiB of its 8-MiB share beside a 13.25-MiB pool holding no request,
+    and longtail's smallest model 2.5 s at 2.5 MiB of its 5.33 beside an 11-MiB pool running three
+    requests (its worst requests came then). A loan in use is not idle: a queue of two beside it
+    waits for a second round. Each holder is weighed alone: two part-idle loans do not add up to one
+    claim. The flag lives one round: ``remember`` sets it afresh."""
+    claims = {m.name for m in active
+              if mems[m.name].short_rounds >= 1 and observed[m.name].limit_bytes < fair[m.name]
+              and any(stands_idle(observed[n.name], fair[n.name], fair[m.name] - observed[m.name].limit_bytes)
+                      for n in active)}  # fmt: skip
+    return {n: replace(mem, surge=True) if n in claims else mem for n, mem in mems.items()}
+
+
+def stands_idle(obs: Observation, fair: int, lacks: int) -> bool:
+    """A pool above its fair share (a loan; so never the claimant's own, below its share) with
+    nothing waiting or preempted, that runs nothing or has at least ``lacks`` bytes unused now.
+    Unused, not only above its share: the claim takes from the holder no more than its loan
+    (``demand._room``), and what the surge lends besides comes from a donor whose own load slackened."""
+    if obs.limit_bytes <= fair or obs.waiting_requests + obs.preemptions > 0:
+        return False
+    return obs.running_requests == 0 or obs.limit_bytes - obs.used_bytes >= lacks

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvpool_operator.demand import needs_of, plan_demand, targets
+from kvpool_operator.demand import need, needs_of, plan_demand, targets
 from kvpool_operator.demand_memory import PERSIST, SURGE, Memory, ModelMemory
 from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation, Plan
 
@@ -168,3 +168,44 @@ def test_a_burst_below_its_share_takes_a_loan_back_to_the_lenders_share_whatever
             assert after["b"] == 16 * MiB == after["a"]
         else:
             assert after["a"] == limits["a"]
+
+
+def three_of_48(*names: str) -> GroupPolicy:
+    """48 MiB between three models of 2-44 MiB: fair shares of 16."""
+    return GroupPolicy(48 * MiB, tuple(ModelBudget(n, 2 * MiB, 44 * MiB) for n in names),
+                       hysteresis_bytes=MiB, max_step_bytes=16 * MiB, dwell_rounds=8)  # fmt: skip
+
+
+def test_a_round_contested_only_by_a_bursts_share_is_contested_for_its_claim() -> None:
+    """As in the test above, but a runs 13 requests: the needs as read (a 28.6, b 12.1, c 4.4 MiB)
+    fit the budget; with b's burst raised to its 16-MiB share they do not, and the water-fill puts
+    a's target (27.6) above a's limit. Read as uncontested, the round kept a's loan whole -- a's
+    excess over its target is nothing, c holds its share -- and b burst at 6 of its 16 MiB with
+    four requests waiting for two rounds: it takes its share back from a at once, down to a's
+    share."""
+    group = three_of_48("a", "b", "c")
+    models = list(group.models)
+    limits, memory, _ = run(group, {"a": 13, "b": 2, "c": 2}, 3, {"a": 26 * MiB, "b": 6 * MiB, "c": 16 * MiB})
+    assert limits == {"a": 26 * MiB, "b": 6 * MiB, "c": 16 * MiB}
+    after, memory, _ = run(group, {"a": 13, "b": 7, "c": 2}, 1, limits, memory)
+    needs, contested = needs_of(models, memory.models, group.budget_bytes, limits)
+    assert memory.models["b"].surge
+    assert contested
+    assert sum(need(m, memory.models[m.name]) for m in models) < group.budget_bytes
+    assert targets(models, needs, group.budget_bytes)["a"] > 26 * MiB
+    assert after == {"a": 16 * MiB, "b": 16 * MiB, "c": 16 * MiB}
+
+
+def test_a_claim_that_two_lenders_could_give_comes_from_the_loan_its_holder_does_not_need() -> None:
+    """a and d each hold 4 MiB above their 16-MiB shares; a queues three requests beside it (its
+    target 18.6 MiB), d uses 14 MiB of its 20 (its target 15.4). b, short below its share two
+    rounds with three waiting, claims 7 MiB; a contested round lets either give 4. d gives it:
+    picked by room alone (a tie), a was cut to 16 MiB, below its target, beside d's idle loan."""
+    group = three_of_48("a", "b", "d")
+    models = list(group.models)
+    limits, memory, _ = run(group, {"a": 13, "b": 7, "d": 7}, 2, {"a": 20 * MiB, "b": 8 * MiB, "d": 20 * MiB})
+    needs, contested = needs_of(models, memory.models, group.budget_bytes, limits)
+    assert contested
+    assert not memory.models["b"].surge
+    assert targets(models, needs, group.budget_bytes)["a"] > 16 * MiB
+    assert limits == {"a": 20 * MiB, "b": 12 * MiB, "d": 16 * MiB}

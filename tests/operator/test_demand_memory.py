@@ -1,0 +1,32 @@
+"""What the demand policy remembers of a model between rounds: here, what a round's preemptions
+say once the pool runs and queues nothing."""
+
+from __future__ import annotations
+
+from kvpool_operator.demand import plan_demand
+from kvpool_operator.demand_memory import SURGE, Memory, ModelMemory, remember
+from kvpool_operator.policy import Observation, Plan
+
+from tests.operator.demand_rounds import MiB, small_pair
+
+
+def test_a_pool_that_preempted_a_bursts_tail_and_holds_nothing_now_is_slack_not_a_burst() -> None:
+    """b preempted ``SURGE`` requests in the round, and none of them waits or runs: they finished.
+    Read as short, b was a burst (a queue of ``SURGE``) and claimed its share from a's burst for
+    requests no longer there. With one of them back in the queue, b is short and a burst."""
+    mib = float(MiB)
+    prev = ModelMemory(per_request=2 * mib, largest_request=2 * mib, recent_used=(8 * mib,) * 3,
+                       finished_seen=30, recent_finished=(6, 6, 6))  # fmt: skip
+    gone = Observation(4 * MiB, 0, 0, SURGE, running_requests=0, finished_total=36)
+    mem = remember(prev, gone, 2 * mib, 8)
+    assert mem.slack
+    assert not mem.surge
+    assert mem.short_rounds == 0
+    back = remember(prev, Observation(4 * MiB, 4 * MiB, 1, SURGE, running_requests=2, finished_total=36), 2 * mib, 8)
+    assert back.surge
+    assert back.short_rounds == 1
+    group = small_pair(dwell=8)
+    a = Observation(12 * MiB, 12 * MiB, 6, running_requests=6, finished_total=40)
+    result, _ = plan_demand(group, {"a": a, "b": gone}, Memory(10, {"a": ModelMemory(finished_seen=34), "b": prev}))
+    assert isinstance(result, Plan)
+    assert result.limits["b"] <= 4 * MiB  # no claim of its 8-MiB share from a's burst
