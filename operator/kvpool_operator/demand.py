@@ -18,7 +18,7 @@ share counts only those waiting, ``_claim``):
                           target but for a claim of a static share in a contested round
                           (down to the lender's share), so never below its working set
                           unless the budget is contested (where a burst's round also counts
-                          only what a slack loan holder holds)
+                          only what a slack loan holder holds, if the needs as read take it)
 
 Against flapping (a steady load must not move memory back and forth) while a burst is served
 within a round or two: the dwell separates noise from a change of load.
@@ -104,27 +104,27 @@ def need(m: ModelBudget, mem: ModelMemory) -> int:
 def needs_of(
     models: list[ModelBudget], mems: Mapping[str, ModelMemory], budget: int, limits: Mapping[str, int]
 ) -> tuple[dict[str, int], bool]:
-    """Each model's need and whether together they take the whole ``budget`` or more
-    (``limits``: this round's, which tell a loan's holder; contested: a need at a model's maximum
-    may be larger still -- a burst at its share beside an idle model at its minimum need summed to
-    the budget exactly, so the burst took nothing from the idle model's share for the dwell of that
-    model's grant while eight of its requests waited; bursts, seed 1 of stop 42's run, 7-10 s). In a
-    contested round with a burst (``SURGE``), a model whose load looked gone for a round needs only
-    what it holds: its working set over the dwell and its need's EWMA still carry the burst it just
-    served, and held its target -- and so the new burst's -- at the old split for a second round of
-    each phase of alternating bursts -- a round whose finishing rate halved, or whose use fell
-    fourfold (``ModelMemory.slack``), is enough: waiting for a quarter of the peak rate, the next
-    burst waited at its share 3 s for the last one's tail. Only a loan's holder needs so little (its
-    limit now or its use over the dwell above its fair share): a light load within its share is
+    """Each model's need and whether together they take the whole ``budget`` or more (``limits``: this
+    round's, which tell a loan's holder; contested: a need at a model's maximum may be larger still
+    -- a burst at its share beside an idle model at its minimum need summed to the budget exactly,
+    so the burst took nothing from the idle model's share for the dwell of that model's grant while
+    eight of its requests waited; bursts, seed 1 of stop 42's run, 7-10 s). Where the needs as read
+    take the budget and a model bursts (``SURGE``), a model whose load looked gone for a round needs
+    only what it holds: its working set over the dwell and its need's EWMA still carry the burst it
+    just served, and held its target -- and so the new burst's -- at the old split for a second
+    round of each phase of alternating bursts -- a round whose finishing rate halved, or whose use
+    fell fourfold (``ModelMemory.slack``), is enough: waiting for a quarter of the peak rate, the
+    next burst waited at its share 3 s for the last one's tail. Only a loan's holder needs so little
+    (its limit now or its use over the dwell above its fair share): a light load within its share is
     slack whenever a Poisson gap leaves it running nothing for a round, and lent down to one
     request's room, longtail's smallest model queued its next two requests ~3 s for a claim (stop
     43, its worst); steady's models were lent away at such dips and took it back (8 resizes a model
     a minute with the tier on). A ramp or a burst (``ModelMemory.ramp``, ``surge``) needs at least
     its fair share, as a static split gives it: claiming a round's queue at a time, longtail's
     smallest model reached its share 17 s into its ramp. Contested too when that floor makes the
-    needs take the budget: a claim of the share is then a static split's guarantee (``_room``);
-    read before the floor, such a claim got only a lender's excess over a target that the
-    water-fill of the lower needs had raised above the lender's share."""
+    needs take the budget: a claim of the share is then a static split's guarantee (``_room``); read
+    before the floor, such a claim got only a lender's excess over a target that the water-fill of
+    the lower needs had raised above the lender's share."""
     needs = {m.name: need(m, mems[m.name]) for m in models}
     contested = sum(needs.values()) >= budget
     fair = fair_shares(models, budget)
@@ -237,7 +237,8 @@ def _room(m: ModelBudget, r: Round, asks: Asks) -> int:
     """What a donor may give this round. Down to its target (below its share, keeping room for
     one request more, ``_lends_to``): once its load left (``QUIET``: idle memory goes to anyone
     short); to a burst once its own load slackened for a round (``slack``; its target then is what
-    it holds if it holds or used a loan, else its need, ``needs_of``); past the dwell of its latest
+    it holds if it holds or used a loan and the needs as read take the budget, else its need,
+    ``needs_of``); past the dwell of its latest
     grant to a settled model short for ``LOAN`` rounds. Down to its fair share and target: past that
     dwell to a settled model. Whatever the dwells, as much as a model below its own share claims
     back (``_claim``) -- in a contested round down to the lender's share, its target aside: the

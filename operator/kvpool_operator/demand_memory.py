@@ -58,8 +58,8 @@ class ModelMemory:
     stalled_rounds: int = 0
     waiting_ewma: float = 0.0  #: requests waiting (and preempted), smoothed
     deep: bool = False  #: ``waiting_ewma`` at ``QUEUE`` or at what runs (a small model's queue of 1-2 doubles its wait)
-    #: a burst this round: short with a queue of ``SURGE``, or ``starved`` or stalled (or beside an
-    #: idle loan, demand.py)
+    #: a burst this round: short with a queue of ``SURGE``, or ``starved`` or stalled (or
+    #: ``beside_an_idle_loan``)
     surge: bool = False
     #: short ``PERSIST`` rounds, deep, ``QUEUE`` waiting now, its queue now holding ``LEFT`` x its limit
     ramp: bool = False

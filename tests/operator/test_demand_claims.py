@@ -199,7 +199,7 @@ def test_a_round_contested_only_by_a_bursts_share_is_contested_for_its_claim() -
 def test_a_claim_that_two_lenders_could_give_comes_from_the_loan_its_holder_does_not_need() -> None:
     """a and d each hold 4 MiB above their 16-MiB shares; a queues three requests beside it (its
     target 18.6 MiB), d uses 14 MiB of its 20 (its target 15.4). b, short below its share two
-    rounds with three waiting, claims 7 MiB; a contested round lets either give 4. d gives it:
+    rounds with three waiting, claims 7.4 MiB; a contested round lets either give 4. d gives it:
     picked by room alone (a tie), a was cut to 16 MiB, below its target, beside d's idle loan."""
     group = three_of_48("a", "b", "d")
     models = list(group.models)
