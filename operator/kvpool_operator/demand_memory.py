@@ -107,11 +107,7 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     a burst at once, claiming its share from the next burst)."""
     if obs.waiting_requests + obs.running_requests == 0:
         obs = replace(obs, preemptions=0)
-    per, largest, reading = prev.per_request, prev.largest_request, 0.0
-    if obs.running_requests > 0 and obs.used_bytes > 0:
-        reading = obs.used_bytes / obs.running_requests
-        per = reading if per == 0 else 0.5 * per + 0.5 * reading
-        largest = max(largest, min(reading, prev.last_reading))
+    per, largest, reading = _request_sizes(prev, obs)
     assumed = per or default_per_request
     short = short_of_memory(obs, assumed)
     wanted = obs.used_bytes + (obs.waiting_requests + obs.preemptions) * assumed if short else obs.used_bytes
@@ -119,9 +115,8 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     need = prev.need_ewma + alpha * (wanted - prev.need_ewma)
     keep = max(window, QUIET)
     recent = (*prev.recent_used, float(obs.used_bytes))[-keep:]
-    counted, finished = prev.finished_seen is not None, obs.finished_total - (prev.finished_seen or 0)
-    done = (*prev.recent_finished, max(0, finished))[-keep:] if counted else ()
-    idle = looks_idle(obs, counted and finished >= 0, done, IDLE)
+    counted, done = _finished(prev, obs, keep)
+    idle = looks_idle(obs, counted, done, IDLE)
     streak = prev.short_rounds + 1 if short else 0
     queue = 0.5 * prev.waiting_ewma + 0.5 * (obs.waiting_requests + obs.preemptions)
     stalled = prev.stalled_rounds + 1 if obs.waiting_requests > 0 and obs.running_requests == 0 else 0
@@ -142,8 +137,27 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
                    last_reading=reading,
                    short_rounds=streak, stalled_rounds=stalled, waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp,
                    quiet_rounds=quiet,
-                   slack=holds_little(obs, recent, done) or looks_idle(obs, counted and finished >= 0, done, SLACK),
+                   slack=holds_little(obs, recent, done) or looks_idle(obs, counted, done, SLACK),
                    finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
+
+
+def _request_sizes(prev: ModelMemory, obs: Observation) -> tuple[float, float, float]:
+    """(bytes per running request smoothed, the largest read two rounds in a row, this round's
+    reading or 0): see ``ModelMemory.largest_request``."""
+    per, largest, reading = prev.per_request, prev.largest_request, 0.0
+    if obs.running_requests > 0 and obs.used_bytes > 0:
+        reading = obs.used_bytes / obs.running_requests
+        per = reading if per == 0 else 0.5 * per + 0.5 * reading
+        largest = max(largest, min(reading, prev.last_reading))
+    return per, largest, reading
+
+
+def _finished(prev: ModelMemory, obs: Observation, keep: int) -> tuple[bool, tuple[int, ...]]:
+    """(whether the round's count of finished requests can be read -- the counter was read before
+    and did not go back, as a restart sets it -- and the counts of the latest ``keep`` rounds)."""
+    counted, finished = prev.finished_seen is not None, obs.finished_total - (prev.finished_seen or 0)
+    done = (*prev.recent_finished, max(0, finished))[-keep:] if counted else ()
+    return counted and finished >= 0, done
 
 
 def starved(obs: Observation, per_request: float, stalled_rounds: int) -> bool:
