@@ -234,20 +234,20 @@ class Asks:
 
 
 def _room(m: ModelBudget, r: Round, asks: Asks) -> int:
-    """What a donor may give this round. Down to its target (below its share, keeping room for
-    one request more, ``_lends_to``): once its load left (``QUIET``: idle memory goes to anyone
-    short); to a burst once its own load slackened for a round (``slack``; its target then is what
-    it holds if it holds or used a loan and the needs as read take the budget, else its need,
-    ``needs_of``); past the dwell of its latest
-    grant to a settled model short for ``LOAN`` rounds. Down to its fair share and target: past that
-    dwell to a settled model. Whatever the dwells, as much as a model below its own share claims
-    back (``_claim``) -- in a contested round down to the lender's share, its target aside: the
-    needs take the whole budget, and a static split's guarantee comes first. Kept to the lender's
-    target (its need water-filled beside the claimant's, above its share), longtail's second model
-    ramped at 1-2.25 MiB of its 2.67-MiB share for 7 s with 4-9 requests queued, its claim cut to
-    part of the loan and, past the lender's dwell, to nothing (stop 44, seed 0). A donor whose
-    load was still there lent below its share after two short rounds of another's and took it back
-    at its next spike (the steady load's memory went there and back in 4 s)."""
+    """What a donor may give this round. Down to its target (below its share, keeping room for one
+    request more, ``_lends_to``): once its load left (``QUIET``: idle memory goes to anyone short);
+    to a burst once its own load slackened for a round (``slack``; its target then is what it holds
+    if it holds or used a loan and the needs as read take the budget, else its need, ``needs_of``);
+    past the dwell of its latest grant to a settled model short for ``LOAN`` rounds. Down to its
+    fair share and target: past that dwell to a settled model. Whatever the dwells, as much as a
+    model below its own share claims back (``_claim``) -- in a contested round down to the lender's
+    share, its target aside: the needs take the whole budget, and a static split's guarantee comes
+    first. Kept to the lender's target (its need water-filled beside the claimant's, above its
+    share), longtail's second model ramped at 1-2.25 MiB of its 2.67-MiB share for 7 s with 4-9
+    requests queued, its claim cut to part of the loan and, past the lender's dwell, to nothing
+    (stop 44, seed 0). A donor whose load was still there lent below its share after two short
+    rounds of another's and took it back at its next spike (the steady load's memory went there and
+    back in 4 s)."""
     limit, target, fair, mem = r.limit(m.name), r.target[m.name], r.fair[m.name], r.mems[m.name]
     lends_to = _lends_to(target, fair, mem.largest_request or r.default, m.min_bytes)
     if mem.quiet or (asks.burst and mem.slack):
@@ -328,9 +328,9 @@ def _one_move(r: Round) -> tuple[str | None, str, int] | None:
 
 def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, str, int] | None:
     """The move to ``recipient``: from free budget, else from the donor that may give the most
-    (``_gives``), in whole pages of both pools (a pool rounds its limit down, and the bytes one rounded away were
-    granted from free budget in the next round: a second resize for nothing); None if none is
-    worth it."""
+    (``_gives``), in whole pages of both pools (a pool rounds its limit down, and the bytes one
+    rounded away were granted from free budget in the next round: a second resize for nothing); None
+    if none is worth it."""
     name, obs, group = recipient.name, r.observed[recipient.name], r.group
     deficit = min(r.target[name], recipient.max_bytes) - obs.limit_bytes
     if deficit < obs.page_bytes:  # the pool would round the grant away

@@ -172,17 +172,17 @@ def starved(obs: Observation, per_request: float, stalled_rounds: int) -> bool:
 
 
 def holds_little(obs: Observation, recent_used: tuple[float, ...], done: tuple[int, ...]) -> bool:
-    """Nothing waits, and nothing runs -- or, with nothing preempted in the round, where too few
-    finish a round to read a fall in the rate (``RATE_SIGNAL``), what runs holds at most 1/``IDLE``
-    of its peak use over the dwell: its load fell, so it may give a burst what it does not hold
-    (``slack``; if it holds or used a loan, ``demand.needs_of``), keeping room for one request.
-    Judged on the rate alone, a pool whose burst ended with one long request still running, or
-    that finished its burst's tail in the round its phase ended, was not slack: the next burst got its fair share
+    """Nothing waits, and nothing runs -- or, with nothing preempted in the round, where too few finish
+    a round to read a fall in the rate (``RATE_SIGNAL``), what runs holds at most 1/``IDLE`` of its
+    peak use over the dwell: its load fell, so it may give a burst what it does not hold (``slack``;
+    if it holds or used a loan, ``demand.needs_of``), keeping room for one request. Judged on the
+    rate alone, a pool whose burst ended with one long request still running, or that finished its
+    burst's tail in the round its phase ended, was not slack: the next burst got its fair share
     back, and the rest three rounds later (alternating bursts' worst TTFTs came then). Where the
     rate can be read it decides: a steady load of short requests holds little at any moment and
     finishes many a round. A request preempted in the round is back in the queue or running: if
-    neither holds one, they finished (a pool that preempted its burst's tail as the burst ended
-    held the next burst at its share a round longer: alternating bursts, stop 44, seed 0, 38 s)."""
+    neither holds one, they finished (a pool that preempted its burst's tail as the burst ended held
+    the next burst at its share a round longer: alternating bursts, stop 44, seed 0, 38 s)."""
     if obs.waiting_requests > 0:
         return False
     if obs.running_requests == 0:
@@ -215,10 +215,10 @@ def beside_an_idle_loan(
     active: list[ModelBudget], observed: Mapping[str, Observation], fair: Mapping[str, int],
     mems: dict[str, ModelMemory],
 ) -> dict[str, ModelMemory]:  # fmt: skip
-    """A model short below its fair share beside a loan that stands idle (``stands_idle``) is a
-    burst (``surge``) this round: it claims its share at once, and every burst rule applies to it
-    -- a donor whose rate just halved (``slack``) may give to it down to what it holds if it holds
-    or just used a loan (``demand.needs_of``), so the memory may come from another model than the idle
+    """A model short below its fair share beside a loan that stands idle (``_stands_idle``) is a burst
+    (``surge``) this round: it claims its share at once, and every burst rule applies to it -- a
+    donor whose rate just halved (``slack``) may give to it down to what it holds if it holds or
+    just used a loan (``demand.needs_of``), so the memory may come from another model than the idle
     holder, as for a burst of ``SURGE``. Waiting for a second short round or a queue of ``SURGE``, a
     burst stood one round at 2.75 MiB of its 8-MiB share beside a 13.25-MiB pool holding no request,
     and longtail's smallest model 2.5 s at 2.5 MiB of its 5.33 beside an 11-MiB pool running three
@@ -227,16 +227,16 @@ def beside_an_idle_loan(
     claim. The flag lives one round: ``remember`` sets it afresh."""
     claims = {m.name for m in active
               if mems[m.name].short_rounds >= 1 and observed[m.name].limit_bytes < fair[m.name]
-              and any(stands_idle(observed[n.name], fair[n.name], fair[m.name] - observed[m.name].limit_bytes)
+              and any(_stands_idle(observed[n.name], fair[n.name], fair[m.name] - observed[m.name].limit_bytes)
                       for n in active)}  # fmt: skip
     return {n: replace(mem, surge=True) if n in claims else mem for n, mem in mems.items()}
 
 
-def stands_idle(obs: Observation, fair: int, lacks: int) -> bool:
-    """A pool above its fair share (a loan; so never the claimant's own, below its share) with
-    nothing waiting or preempted, that runs nothing or has at least ``lacks`` bytes unused now.
-    Unused, not only above its share: the claim takes from the holder no more than its loan
-    (``demand._room``), and what the surge lends besides comes from a donor whose own load slackened."""
+def _stands_idle(obs: Observation, fair: int, lacks: int) -> bool:
+    """A pool above its fair share (a loan; so never the claimant's own, below its share) with nothing
+    waiting or preempted, that runs nothing or has at least ``lacks`` bytes unused now. Unused, not
+    only above its share: the claim takes from the holder no more than its loan (``demand._room``),
+    and what the surge lends besides comes from a donor whose own load slackened."""
     if obs.limit_bytes <= fair or obs.waiting_requests + obs.preemptions > 0:
         return False
     return obs.running_requests == 0 or obs.limit_bytes - obs.used_bytes >= lacks
