@@ -204,6 +204,25 @@ def machine_lines(args: dict[str, Any]) -> list[str]:
     return [args[line] for line in ("calibration", "drift", "saturation") if line in args]
 
 
+LATE_S = 2.5  #: a round this long (the interval is 1 s, rounds took <= 0.9 s) read a server that hardly answered
+
+
+def lateness_line(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    """One line for the report: each workload's slowest operator round. An engine loaded past its
+    cores answers its admin API late; the operator's round (which reads every pool in turn) then
+    stalls, and every configuration it steers acts on a picture seconds old (stop 46's longtail
+    rerun: a 5.3-s round, one server's admin API past the client's 5-s timeout, while neither the
+    drift nor the saturation line flagged it)."""
+    rounds = {w: [r["seconds"] for rs in runs.values() for run in rs for r in run["rounds"]]
+              for w, runs in results.items()}  # fmt: skip
+    cells = ", ".join(f"{w} {max(s, default=0):.1f} s ({sum(x > LATE_S for x in s)} of {len(s)} over {LATE_S} s)"
+                      for w, s in rounds.items())  # fmt: skip
+    flagged = [w for w, s in rounds.items() if max(s, default=0) > LATE_S]
+    verdict = (f"LATE in {', '.join(flagged)}: the operator read its servers seconds behind"
+               if flagged else f"every round within {LATE_S} s")  # fmt: skip
+    return f"slowest operator round: {cells} -- {verdict}"
+
+
 def report(results: dict[str, dict[str, list[dict[str, Any]]]], args: dict[str, Any], out: Path) -> None:
     """``results``: workload -> configuration -> its repeats' runs."""
     out.mkdir(parents=True, exist_ok=True)
@@ -214,12 +233,12 @@ def report(results: dict[str, dict[str, list[dict[str, Any]]]], args: dict[str, 
         print(tables(name, summaries[name]) + "\n")
         checked += goals(name, summaries[name])
     print("\n".join(checked))
-    print(*machine_lines(args), sep="\n")
+    print(*machine_lines(args), lateness_line(results), sep="\n")
     broken = [(w, c, k) for w, runs in results.items() for c, rs in runs.items() for k, r in enumerate(rs)
               if not all(r["integrity_ok"].values())]  # fmt: skip
     print(f"integrity after every run: {broken or 'ok'}")
     path = out / "bench_colocation.json"
-    data = {"benchmark": "bench_colocation", "args": args, "summary": summaries, "goals": checked, "plots": pngs,
-            "runs": results}  # fmt: skip
+    data = {"benchmark": "bench_colocation", "args": args, "summary": summaries, "goals": checked,
+            "lateness": lateness_line(results), "plots": pngs, "runs": results}  # fmt: skip
     path.write_text(json.dumps(data, indent=1))
     print(f"-> {path} {' '.join(pngs)}")

@@ -16,7 +16,8 @@ share counts only those waiting, ``_claim``):
                           (free budget first)
                donor:     the model with the most it may give (below) -- never below its
                           target but for a claim of a static share in a contested round
-                          (down to the lender's share), so never below its working set
+                          (down to the lender's share; where the needs fit, a burst's claim
+                          down to the donor's target and a request), so never below its working set
                           unless the budget is contested (where a burst's round also counts
                           only what a slack loan holder holds, if the needs as read take it)
 
@@ -230,6 +231,7 @@ class Asks:
     settled: bool  #: past the dwell of its latest shrink, or its load came (``_settled``), or below its minimum
     claim: int  #: bytes it takes back below its fair share within any dwell (``_claim``)
     burst: bool  #: a burst (``ModelMemory.surge``) in a round whose needs exceed the budget
+    share: bool  #: a ramp or a burst: its claim is its whole fair share (``_claim``)
     short_rounds: int
 
 
@@ -242,18 +244,25 @@ def _room(m: ModelBudget, r: Round, asks: Asks) -> int:
     fair share and target: past that dwell to a settled model. Whatever the dwells, as much as a
     model below its own share claims back (``_claim``) -- in a contested round down to the lender's
     share, its target aside: the needs take the whole budget, and a static split's guarantee comes
-    first. Kept to the lender's target (its need water-filled beside the claimant's, above its
-    share), longtail's second model ramped at 1-2.25 MiB of its 2.67-MiB share for 7 s with 4-9
-    requests queued, its claim cut to part of the loan and, past the lender's dwell, to nothing
-    (stop 44, seed 0). A donor whose load was still there lent below its share after two short
-    rounds of another's and took it back at its next spike (the steady load's memory went there and
-    back in 4 s)."""
+    first; where they fit, a ramp's or burst's claim comes also from what a donor does not need,
+    down to its target and a request more (``_lends_to``): a burst at half its share beside a model
+    holding twice its need within its own share waited ``LOAN`` rounds for memory no one used. A
+    slack donor gives a burst the claim too, if more than its target allows: its need falls to what
+    it holds only where the needs as read take the budget (``needs_of``), not in a round contested
+    by the burst's share alone. Kept to the lender's target (its need water-filled beside the
+    claimant's, above its share), longtail's second model ramped at 1-2.25 MiB of its 2.67-MiB
+    share for 7 s with 4-9 requests queued, its claim cut to part of the loan and, past the
+    lender's dwell, to nothing (stop 44, seed 0). A donor whose load was still there lent below its
+    share after two short rounds of another's and took it back at its next spike (the steady load's
+    memory went there and back in 4 s)."""
     limit, target, fair, mem = r.limit(m.name), r.target[m.name], r.fair[m.name], r.mems[m.name]
     lends_to = _lends_to(target, fair, mem.largest_request or r.default, m.min_bytes)
-    if mem.quiet or (asks.burst and mem.slack):
-        return max(0, limit - lends_to)
     above = max(0, limit - max(target, fair))
     claimed = min(max(0, limit - (fair if r.contested else max(target, fair))), asks.claim)
+    if not r.contested and asks.share:  # every need fits: a burst's share comes from what a donor does not need
+        claimed = max(claimed, min(max(0, limit - lends_to), asks.claim))
+    if mem.quiet or (asks.burst and mem.slack):
+        return max(claimed, limit - lends_to)
     if r.now - mem.last_grow > r.group.dwell_rounds and asks.settled:
         return max(claimed, max(0, limit - lends_to) if asks.short_rounds >= LOAN else above)
     return claimed
@@ -319,7 +328,7 @@ def _one_move(r: Round) -> tuple[str | None, str, int] | None:
         settled = obs.below(recipient.min_bytes) or _settled(recipient, obs.limit_bytes, mem, r.now,
                                                              r.group.dwell_rounds)  # fmt: skip
         asks = Asks(settled, _claim(obs.limit_bytes, r.fair[recipient.name], obs, mem, r.default),
-                    mem.surge and r.contested, mem.short_rounds)  # fmt: skip
+                    mem.surge and r.contested, mem.ramp or mem.surge, mem.short_rounds)  # fmt: skip
         move = _move_to(r, recipient, asks)
         if move is not None:
             return move

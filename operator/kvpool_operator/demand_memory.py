@@ -234,9 +234,12 @@ def beside_an_idle_loan(
 
 def _stands_idle(obs: Observation, fair: int, lacks: int) -> bool:
     """A pool above its fair share (a loan; so never the claimant's own, below its share) with nothing
-    waiting or preempted, that runs nothing or has at least ``lacks`` bytes unused now. Unused, not
-    only above its share: the claim takes from the holder no more than its loan (``demand._room``),
-    and what the surge lends besides comes from a donor whose own load slackened."""
-    if obs.limit_bytes <= fair or obs.waiting_requests + obs.preemptions > 0:
+    waiting, that runs nothing (what it preempted then finished) or, nothing preempted, has at least
+    ``lacks`` bytes unused now. Unused, not only above its share: the claim takes from the holder no
+    more than its loan (``demand._room``), and what the surge lends besides comes from a donor whose
+    own load slackened."""
+    if obs.limit_bytes <= fair or obs.waiting_requests > 0:
         return False
-    return obs.running_requests == 0 or obs.limit_bytes - obs.used_bytes >= lacks
+    if obs.running_requests == 0:  # what it preempted in the round finished (``remember``)
+        return True
+    return obs.preemptions == 0 and obs.limit_bytes - obs.used_bytes >= lacks

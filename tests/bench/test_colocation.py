@@ -96,7 +96,7 @@ def fake_run(ttfts: dict[str, list[float]], resizes: int = 0) -> dict[str, Any]:
     return {
         "outcomes": outcomes, "wall_s": 60.0, "duration_s": 50.0,
         "final": {m: {"demand": {"preemptions": 1}} for m in ttfts},
-        "rounds": [{"resizes": [{"model": "a"}] * resizes}],
+        "rounds": [{"seconds": 0.3, "resizes": [{"model": "a"}] * resizes}],
         "samples": [{"t": 0, **{m: pool for m in ttfts}}],
         "cpu_utilisation": dict.fromkeys(ttfts, 0.5),
     }  # fmt: skip
@@ -147,6 +147,21 @@ def test_a_peak_that_leaves_the_cores_no_headroom_is_flagged_as_saturated() -> N
     assert fits.endswith("memory, not the cores, decides")
     slowed = saturation_line({"bursts": 5.6, "longtail": 4.0}, {"bursts": 6.2, "longtail": 6.0})
     assert "SATURATED in bursts:" in slowed  # 90% of what the whole budget served after it
+
+
+def test_a_workload_whose_operator_round_stalled_is_flagged_late() -> None:
+    from bench.colocation_report import lateness_line
+
+    def runs(*seconds: float) -> dict[str, list[dict[str, Any]]]:
+        return {"static": [{"rounds": []}], "demand": [{"rounds": [{"seconds": s} for s in seconds]}]}
+
+    prompt = lateness_line({"bursts": runs(0.4, 0.9), "longtail": runs(0.5)})
+    assert "bursts 0.9 s (0 of 2 over 2.5 s), longtail 0.5 s (0 of 1 over 2.5 s)" in prompt
+    assert prompt.endswith("every round within 2.5 s")
+    late = lateness_line({"bursts": runs(0.4), "longtail": runs(0.5, 5.3, 2.6)})
+    assert "longtail 5.3 s (2 of 3 over 2.5 s)" in late
+    assert "LATE in longtail:" in late
+    assert "bursts" not in late.split("--")[1]
 
 
 def test_the_peak_of_a_workload_is_its_busiest_piece() -> None:

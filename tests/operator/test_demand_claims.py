@@ -209,3 +209,34 @@ def test_a_claim_that_two_lenders_could_give_comes_from_the_loan_its_holder_does
     assert not memory.models["b"].surge
     assert targets(models, needs, group.budget_bytes)["a"] > 16 * MiB
     assert limits == {"a": 20 * MiB, "b": 12 * MiB, "d": 16 * MiB}
+
+
+def test_a_lender_whose_load_slackened_gives_a_bursts_claim_in_a_round_contested_by_its_share() -> None:
+    """As above, a's 13 requests and b's burst at 6 MiB: but a's load fell to 6 requests in the
+    round (slack). A slack lender gives a burst down to its target -- here above its limit, as the
+    needs as read fit the budget and a's working set still carries its 13 -- and the claim came
+    after that, so b got nothing from a slack lender that a busy one gives: now the claim holds."""
+    group = three_of_48("a", "b", "c")
+    limits, memory, _ = run(group, {"a": 13, "b": 2, "c": 2}, 3, {"a": 26 * MiB, "b": 6 * MiB, "c": 16 * MiB})
+    after, memory, _ = run(group, {"a": 6, "b": 7, "c": 2}, 1, limits, memory)
+    assert memory.models["a"].slack
+    assert memory.models["b"].surge
+    assert after == {"a": 16 * MiB, "b": 16 * MiB, "c": 16 * MiB}
+
+
+def test_a_burst_below_its_share_takes_it_at_once_from_a_model_holding_more_than_it_needs() -> None:
+    """Every need fits the budget: a runs 12 requests in a 24-MiB loan (its target above it), d
+    runs two in its 16-MiB share, b's burst comes at 8 of its 16 MiB. A static split gives b its
+    share; d's memory beyond its target and a request more is not needed. b takes it at once --
+    it waited ``LOAN`` rounds, as a lasting shortage does, for memory no one used."""
+    group = three_of_48("a", "b", "d")
+    models = list(group.models)
+    limits, memory, _ = run(group, {"a": 12, "b": 2, "d": 2}, 3, {"a": 24 * MiB, "b": 8 * MiB, "d": 16 * MiB})
+    assert limits == {"a": 24 * MiB, "b": 8 * MiB, "d": 16 * MiB}
+    after, memory, _ = run(group, {"a": 12, "b": 8, "d": 2}, 1, limits, memory)
+    _, contested = needs_of(models, memory.models, group.budget_bytes, limits)
+    assert memory.models["b"].surge
+    assert not contested
+    assert after["a"] == 24 * MiB
+    assert after["b"] == 16 * MiB
+    assert 6 * MiB < after["d"] < 16 * MiB  # its target (4.4 MiB) and one request more (2 MiB)

@@ -30,3 +30,19 @@ def test_a_pool_that_preempted_a_bursts_tail_and_holds_nothing_now_is_slack_not_
     result, _ = plan_demand(group, {"a": a, "b": gone}, Memory(10, {"a": ModelMemory(finished_seen=34), "b": prev}))
     assert isinstance(result, Plan)
     assert result.limits["b"] <= 4 * MiB  # no claim of its 8-MiB share from a's burst
+
+
+def test_a_loan_whose_preempted_requests_finished_stands_idle_for_a_claim() -> None:
+    """a holds a loan, runs and queues nothing, and preempted two requests in the round: they
+    finished. b, short below its share with two waiting, claims its share at once, as beside any
+    idle loan; counted as a load, the preemptions held b a second round."""
+    group = small_pair(dwell=8)
+    mib = float(MiB)
+    memory = Memory(10, {"a": ModelMemory(per_request=2 * mib, largest_request=2 * mib, finished_seen=50),
+                         "b": ModelMemory(per_request=2 * mib, largest_request=2 * mib, finished_seen=5)})  # fmt: skip
+    a = Observation(12 * MiB, 0, 0, 2, running_requests=0, finished_total=60)
+    b = Observation(4 * MiB, 4 * MiB, 2, running_requests=2, finished_total=7)
+    result, memory = plan_demand(group, {"a": a, "b": b}, memory)
+    assert isinstance(result, Plan)
+    assert memory.models["b"].surge
+    assert result.limits["b"] == 8 * MiB
