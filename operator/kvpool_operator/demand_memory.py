@@ -243,3 +243,14 @@ def _stands_idle(obs: Observation, fair: int, lacks: int) -> bool:
     if obs.running_requests == 0:  # what it preempted in the round finished (``remember``)
         return True
     return obs.preemptions == 0 and obs.limit_bytes - obs.used_bytes >= lacks
+
+
+def need(m: ModelBudget, mem: ModelMemory) -> int:
+    """What a model needs: what its load would hold (``wanted_by``) within its minimum and maximum."""
+    return max(m.min_bytes, min(m.max_bytes, wanted_by(mem)))
+
+
+def wanted_by(mem: ModelMemory) -> int:
+    """What a model's load would hold, its maximum aside: a contested round's weight
+    (``demand.targets``)."""
+    return int(max(mem.working_set, mem.need_ewma) * HEADROOM)

@@ -70,8 +70,8 @@ def objective(group: GroupPolicy, observed: dict[str, Observation], memory: Memo
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(limits[m.name] for m in group.models if not observed[m.name].reachable)
     limits_seen = {m.name: observed[m.name].limit_bytes for m in active}
-    needs, _ = needs_of(active, memory.models, group.budget_bytes - pinned, limits_seen)
-    target = targets(active, needs, group.budget_bytes - pinned)
+    needs, wanted, _ = needs_of(active, memory.models, group.budget_bytes - pinned, limits_seen)
+    target = targets(active, needs, wanted, group.budget_bytes - pinned)
     fair = fair_shares(active, group.budget_bytes - pinned)
     distance = sum(abs(limits[m.name] - target[m.name]) for m in active)
     return distance + sum(max(0, min(fair[m.name], target[m.name]) - limits[m.name]) for m in active)

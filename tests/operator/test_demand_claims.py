@@ -160,9 +160,9 @@ def test_a_burst_below_its_share_takes_a_loan_back_to_the_lenders_share_whatever
         assert limits["a"] == 26 * MiB
         assert within_dwell == (a_from == 22)
         after, memory, _ = run(group, {"a": a_load, "b": b_load, "c": 2}, 1, limits, memory)
-        needs, contested = needs_of(models, memory.models, group.budget_bytes, limits)
+        needs, wanted, contested = needs_of(models, memory.models, group.budget_bytes, limits)
         assert memory.models["b"].surge
-        assert targets(models, needs, group.budget_bytes)["a"] > 16 * MiB
+        assert targets(models, needs, wanted, group.budget_bytes)["a"] > 16 * MiB
         assert contested == (b_load == 15)
         if contested:
             assert after["b"] == 16 * MiB == after["a"]
@@ -188,11 +188,11 @@ def test_a_round_contested_only_by_a_bursts_share_is_contested_for_its_claim() -
     limits, memory, _ = run(group, {"a": 13, "b": 2, "c": 2}, 3, {"a": 26 * MiB, "b": 6 * MiB, "c": 16 * MiB})
     assert limits == {"a": 26 * MiB, "b": 6 * MiB, "c": 16 * MiB}
     after, memory, _ = run(group, {"a": 13, "b": 7, "c": 2}, 1, limits, memory)
-    needs, contested = needs_of(models, memory.models, group.budget_bytes, limits)
+    needs, wanted, contested = needs_of(models, memory.models, group.budget_bytes, limits)
     assert memory.models["b"].surge
     assert contested
     assert sum(need(m, memory.models[m.name]) for m in models) < group.budget_bytes
-    assert targets(models, needs, group.budget_bytes)["a"] > 26 * MiB
+    assert targets(models, needs, wanted, group.budget_bytes)["a"] > 26 * MiB
     assert after == {"a": 16 * MiB, "b": 16 * MiB, "c": 16 * MiB}
 
 
@@ -204,10 +204,10 @@ def test_a_claim_that_two_lenders_could_give_comes_from_the_loan_its_holder_does
     group = three_of_48("a", "b", "d")
     models = list(group.models)
     limits, memory, _ = run(group, {"a": 13, "b": 7, "d": 7}, 2, {"a": 20 * MiB, "b": 8 * MiB, "d": 20 * MiB})
-    needs, contested = needs_of(models, memory.models, group.budget_bytes, limits)
+    needs, wanted, contested = needs_of(models, memory.models, group.budget_bytes, limits)
     assert contested
     assert not memory.models["b"].surge
-    assert targets(models, needs, group.budget_bytes)["a"] > 16 * MiB
+    assert targets(models, needs, wanted, group.budget_bytes)["a"] > 16 * MiB
     assert limits == {"a": 20 * MiB, "b": 12 * MiB, "d": 16 * MiB}
 
 
@@ -234,9 +234,25 @@ def test_a_burst_below_its_share_takes_it_at_once_from_a_model_holding_more_than
     limits, memory, _ = run(group, {"a": 12, "b": 2, "d": 2}, 3, {"a": 24 * MiB, "b": 8 * MiB, "d": 16 * MiB})
     assert limits == {"a": 24 * MiB, "b": 8 * MiB, "d": 16 * MiB}
     after, memory, _ = run(group, {"a": 12, "b": 8, "d": 2}, 1, limits, memory)
-    _, contested = needs_of(models, memory.models, group.budget_bytes, limits)
+    _, _, contested = needs_of(models, memory.models, group.budget_bytes, limits)
     assert memory.models["b"].surge
     assert not contested
     assert after["a"] == 24 * MiB
     assert after["b"] == 16 * MiB
     assert 6 * MiB < after["d"] < 16 * MiB  # its target (4.4 MiB) and one request more (2 MiB)
+
+
+def test_in_a_contested_round_the_deeper_queue_gets_more_memory_and_the_other_keeps_its_share() -> None:
+    """Longtail's second and third models at once (stop 46, seed 0): both queues past what their
+    maxima hold, so their needs read alike and an even split held 3.5 MiB each with 30 and 8
+    requests waiting for 12 s. Beyond each one's share the rest goes by what its queue would hold:
+    b (40 requests) ends above c (12), c keeps its 16-MiB share, and the split holds still."""
+    group = three_of_48("a", "b", "c")
+    load = {"a": 0, "b": 40, "c": 12}
+    limits, memory, _ = run(group, load, 2, {"a": 2 * MiB, "b": 23 * MiB, "c": 23 * MiB})
+    assert limits["b"] > limits["c"] + 4 * MiB
+    assert limits["c"] >= 16 * MiB
+    assert limits["a"] == 2 * MiB
+    held, _, moves = run(group, load, 16, limits, memory)
+    assert held == limits
+    assert moves == 0
