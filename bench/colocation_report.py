@@ -217,6 +217,8 @@ def lateness_line(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
               for w, runs in results.items()}  # fmt: skip
     cells = ", ".join(f"{w} {max(s, default=0):.1f} s ({sum(x > LATE_S for x in s)} of {len(s)} over {LATE_S} s)"
                       for w, s in rounds.items())  # fmt: skip
+    if not any(rounds.values()):
+        return "slowest operator round: no operator rounds (no policy configuration ran)"
     flagged = [w for w, s in rounds.items() if max(s, default=0) > LATE_S]
     verdict = (f"LATE in {', '.join(flagged)}: the operator read its servers seconds behind"
                if flagged else f"every round within {LATE_S} s")  # fmt: skip
@@ -233,12 +235,13 @@ def report(results: dict[str, dict[str, list[dict[str, Any]]]], args: dict[str, 
         print(tables(name, summaries[name]) + "\n")
         checked += goals(name, summaries[name])
     print("\n".join(checked))
-    print(*machine_lines(args), lateness_line(results), sep="\n")
+    late = lateness_line(results)
+    print(*machine_lines(args), late, sep="\n")
     broken = [(w, c, k) for w, runs in results.items() for c, rs in runs.items() for k, r in enumerate(rs)
               if not all(r["integrity_ok"].values())]  # fmt: skip
     print(f"integrity after every run: {broken or 'ok'}")
     path = out / "bench_colocation.json"
     data = {"benchmark": "bench_colocation", "args": args, "summary": summaries, "goals": checked,
-            "lateness": lateness_line(results), "plots": pngs, "runs": results}  # fmt: skip
+            "lateness": late, "plots": pngs, "runs": results}  # fmt: skip
     path.write_text(json.dumps(data, indent=1))
     print(f"-> {path} {' '.join(pngs)}")

@@ -11,16 +11,16 @@ share counts only those waiting, ``_claim``):
 
     need_i   = max(working set, EWMA of (used + (waiting + preempted) x bytes per request)) x 1.1
     target_i = need_i if the needs fit; else min(need_i, fair share) first, the rest by weight x
-               what its queue would hold (``targets``), none above its need (min/max hold)
+               what its load would hold (``targets``), none above its need (min/max hold)
     a move   = donor -> recipient, at most max_step, at least hysteresis:
                recipient: the short model furthest below its target that a move may serve
                           (free budget first)
                donor:     the model with the most it may give (below) -- never below its
-                          target but for a claim of a static share in a contested round
-                          (down to the lender's share; where the needs fit, a burst's claim
-                          down to the donor's target and a request), so never below its working set
-                          unless the budget is contested (where a burst's round also counts
-                          only what a slack loan holder holds, if the needs as read take it)
+                          target and a request (a ramp's or burst's claim where the needs fit)
+                          but for a claim of a static share in a contested round (down to the
+                          lender's share), so never below its working set unless the budget is
+                          contested (where a burst's round also counts only what a slack loan
+                          holder holds, if the needs as read take it)
 
 Against flapping (a steady load must not move memory back and forth) while a burst is served
 within a round or two: the dwell separates noise from a change of load.
@@ -40,14 +40,15 @@ within a round or two: the dwell separates noise from a change of load.
   a static split gives it) is a loan: a model short below its share takes it back within any
   dwell, its own or the lender's, down to the lender's share (where the needs do not take the
   whole budget, down to the lender's target if that is more) and up to what its queue needs
-  (``_claim``); it never waits a dwell for a loan of its static share, and a ramp or a burst
-  takes its whole share back at once. A model whose load is still there lends below its share
-  only to one short for ``LOAN`` rounds (lent after two, it recalled the loan at its next spike: a
-  flap) -- or to a burst once its own load slackened for a round or its use fell fourfold, nothing
-  waiting (``ModelMemory.slack``): down to what it holds if it holds a loan or used one over the
-  dwell (the burst that just ended), else down to its need (a light load's gap);
-* a model short for one round below its share while another holds more than its own with
-  nothing of it waiting, and runs nothing or has at least as much unused as the first lacks
+  (``_claim``); it never waits a dwell for a loan of its static share, and a ramp or a burst takes
+  its whole share back at once (where the needs fit, from any donor down to its target and a
+  request). Else a model whose load is still there lends below its share only to one short for
+  ``LOAN`` rounds (lent after two, it recalled the loan at its next spike: a flap) -- or to a
+  burst once its own load slackened for a round or its use fell fourfold, nothing waiting
+  (``ModelMemory.slack``): down to what it holds if it holds a loan or used one over the dwell
+  (the burst that just ended), else down to its need (a light load's gap);
+* a model short for one round below its share while another holds more than its own with nothing
+  of it waiting, and runs nothing or (nothing preempted) has as much unused as the first lacks
   (``beside_an_idle_loan``), claims its share at once, as a burst does;
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
   rounds once its load left. Giving a steady load's memory away down to its momentary use made
@@ -300,7 +301,7 @@ class Round:
     group: GroupPolicy
     active: list[ModelBudget]  #: the reachable models (an unreachable one keeps its limit)
     observed: Mapping[str, Observation]
-    target: Mapping[str, int]  #: the water-fill of the budget by need (``targets``)
+    target: Mapping[str, int]  #: the needs, or where they take the budget, its split (``targets``)
     fair: Mapping[str, int]  #: the static split of the budget by weight (``fair_shares``)
     mems: Mapping[str, ModelMemory]
     now: int  #: this round's number
