@@ -215,10 +215,10 @@ def lateness_line(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
     drift nor the saturation line flagged it)."""
     rounds = {w: [r["seconds"] for rs in runs.values() for run in rs for r in run["rounds"]]
               for w, runs in results.items()}  # fmt: skip
-    cells = ", ".join(f"{w} {max(s, default=0):.1f} s ({sum(x > LATE_S for x in s)} of {len(s)} over {LATE_S} s)"
-                      for w, s in rounds.items())  # fmt: skip
     if not any(rounds.values()):
         return "slowest operator round: no operator rounds (no policy configuration ran)"
+    cells = ", ".join(f"{w} {max(s, default=0):.1f} s ({sum(x > LATE_S for x in s)} of {len(s)} over {LATE_S} s)"
+                      for w, s in rounds.items())  # fmt: skip
     flagged = [w for w, s in rounds.items() if max(s, default=0) > LATE_S]
     verdict = (f"LATE in {', '.join(flagged)}: the operator read its servers seconds behind"
                if flagged else f"every round within {LATE_S} s")  # fmt: skip

@@ -270,7 +270,7 @@ def _room(m: ModelBudget, r: Round, asks: Asks) -> int:
     lends_to = _lends_to(target, fair, mem.largest_request or r.default, m.min_bytes)
     above = max(0, limit - max(target, fair))
     claimed = min(max(0, limit - (fair if r.contested else max(target, fair))), asks.claim)
-    if not r.contested and asks.share:  # every need fits: a burst's share comes from what a donor does not need
+    if not r.contested and asks.share:  # every need fits: a ramp's or burst's share, from what a donor does not need
         claimed = max(claimed, min(max(0, limit - lends_to), asks.claim))
     if mem.quiet or (asks.burst and mem.slack):
         return max(claimed, limit - lends_to)
