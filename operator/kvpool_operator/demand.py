@@ -53,7 +53,7 @@ within a round or two: the dwell separates noise from a change of load.
 * a donor keeps room for its working set, the peak of its use over the dwell -- or over the quiet
   rounds once its load left. Giving a steady load's memory away down to its momentary use made
   it short seconds later (8 moves a minute with a two-round window). Below its fair share it
-  keeps room for one request more than it uses (``_lends_to``): two requests arriving together
+  keeps room for one request more than it uses (``lends_to``): two requests arriving together
   must not wait for a claim's round trip -- and an idle one keeps room for one, not nothing.
 
 A spec change that leaves limits above a maximum or over the budget is undone first, by shrinks
@@ -61,7 +61,8 @@ alone (the Balancer applies them before any grant). Fast grow, slower shrink: th
 rises with alpha 0.7 and decays with 0.5. A move from a donor is at least one of the recipient's
 requests (and the hysteresis), or lets it start one it cannot start now (``_buys_a_request``):
 other small ones were fix-ups that a Poisson load undoes; a grant from free budget is at least
-the hysteresis or all the recipient lacks. Moves are whole pages.
+the hysteresis or all the recipient lacks. Moves are whole pages; a claim of a share between two
+is the upper page (``_claim``), one page past its target.
 
 Objective: the distance of the limits from the targets, sum |limit - target|, plus each model's
 shortfall below its fair share or its target if that is less, sum max(0, min(fair, target) -
@@ -84,6 +85,7 @@ from kvpool_operator.demand_memory import (
     Memory,
     ModelMemory,
     beside_an_idle_loan,
+    lends_to,
     need,
     remember,
     wanted_by,
@@ -226,13 +228,17 @@ def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: f
     carries its last burst's working set, and one round's queue of two took a hot model's memory
     down to its share. Its queue is what waits now: a request preempted in the round is back in it
     (or running again, in what it holds); counted twice, a cold model running one request with one
-    waiting claimed room for three."""
+    waiting claimed room for three. A claim of its share is in whole pages, up to the page holding
+    the share: a pool holds whole pages, and the 0.17 MiB below a 2.67-MiB share was less than
+    one -- longtail's third model waited 9 s there with 3-8 requests queued (stop 47, seed 1)."""
     if limit >= fair or not _short(mem):
         return 0
-    if mem.ramp or mem.surge:  # its share before the next arrivals, not a queue's bytes per round
-        return fair - limit
     holds = (obs.used_bytes + obs.waiting_requests * (mem.per_request or default)) * HEADROOM
-    return max(0, min(fair, int(holds)) - limit)
+    # a ramp or a burst: its share before the next arrivals, not a queue's bytes per round
+    wants = fair if mem.ramp or mem.surge else min(fair, int(holds))
+    if wants == fair:  # whole pages: a share between two is the upper one
+        return -((limit - fair) // obs.page_bytes) * obs.page_bytes
+    return max(0, wants - limit)
 
 
 @dataclass(frozen=True)
@@ -248,7 +254,7 @@ class Asks:
 
 def _room(m: ModelBudget, r: Round, asks: Asks) -> int:
     """What a donor may give this round. Down to its target (below its share, keeping room for one
-    request more, ``_lends_to``): once its load left (``QUIET``: idle memory goes to anyone short);
+    request more, ``lends_to``): once its load left (``QUIET``: idle memory goes to anyone short);
     to a burst once its own load slackened for a round (``slack``; its target then is what it holds
     if it holds or used a loan and the needs as read take the budget, else its need, ``needs_of``);
     past the dwell of its latest grant to a settled model short for ``LOAN`` rounds. Down to its
@@ -256,7 +262,7 @@ def _room(m: ModelBudget, r: Round, asks: Asks) -> int:
     model below its own share claims back (``_claim``) -- in a contested round down to the lender's
     share, its target aside: the needs take the whole budget, and a static split's guarantee comes
     first; where they fit, a ramp's or burst's claim comes also from what a donor does not need,
-    down to its target and a request more (``_lends_to``): a burst at half its share beside a model
+    down to its target and a request more (``lends_to``): a burst at half its share beside a model
     holding twice its need within its own share waited ``LOAN`` rounds for memory no one used. A
     slack donor gives a burst the claim too, if more than its target allows: its need falls to what
     it holds only where the needs as read take the budget (``needs_of``), not in a round contested
@@ -267,31 +273,16 @@ def _room(m: ModelBudget, r: Round, asks: Asks) -> int:
     share after two short rounds of another's and took it back at its next spike (the steady load's
     memory went there and back in 4 s)."""
     limit, target, fair, mem = r.limit(m.name), r.target[m.name], r.fair[m.name], r.mems[m.name]
-    lends_to = _lends_to(target, fair, mem.largest_request or r.default, m.min_bytes)
+    floor = lends_to(target, fair, mem.largest_request or r.default, m.min_bytes)
     above = max(0, limit - max(target, fair))
     claimed = min(max(0, limit - (fair if r.contested else max(target, fair))), asks.claim)
     if not r.contested and asks.share:  # every need fits: a ramp's or burst's share, from what a donor does not need
-        claimed = max(claimed, min(max(0, limit - lends_to), asks.claim))
+        claimed = max(claimed, min(max(0, limit - floor), asks.claim))
     if mem.quiet or (asks.burst and mem.slack):
-        return max(claimed, limit - lends_to)
+        return max(claimed, limit - floor)
     if r.now - mem.last_grow > r.group.dwell_rounds and asks.settled:
-        return max(claimed, max(0, limit - lends_to) if asks.short_rounds >= LOAN else above)
+        return max(claimed, max(0, limit - floor) if asks.short_rounds >= LOAN else above)
     return claimed
-
-
-def _lends_to(target: int, fair: int, per_request: float, min_bytes: int) -> int:
-    """How low a donor lends: its target, and below its fair share room for one request more
-    than it uses (up to its share) -- of the largest it ran (``largest_request``, as read two
-    rounds in a row): a request grows as it decodes, and the mean a running one held lent
-    longtail's models below one. Lent down to its one-request working set, longtail's smallest
-    model took two requests that came together one after the other: the second waited 3.1 s for
-    a claim's round trip, 29x its static p99 (0.1 s). A target at the minimum is no use (what it
-    uses is below the minimum): such a donor keeps one request. A model none of whose requests
-    ran yet (two rounds in a row) keeps room for one of the group's largest (``Round.default``):
-    lent down to 1 MiB before its ramp, longtail's second model could start none of its requests
-    (1.125 MiB each) and waited for a claim while its queue grew to 14."""
-    uses = target if target > min_bytes else 0
-    return max(target, min(fair, uses + int(per_request)))
 
 
 @dataclass(frozen=True)
@@ -353,6 +344,8 @@ def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, 
     if none is worth it."""
     name, obs, group = recipient.name, r.observed[recipient.name], r.group
     deficit = min(r.target[name], recipient.max_bytes) - obs.limit_bytes
+    if deficit > 0:  # a claim of its share extends a target within the page above it (``_claim``)
+        deficit = min(max(deficit, min(asks.claim, deficit + obs.page_bytes)), recipient.max_bytes - obs.limit_bytes)
     if deficit < obs.page_bytes:  # the pool would round the grant away
         return None
     wants = deficit if asks.settled else min(deficit, asks.claim)

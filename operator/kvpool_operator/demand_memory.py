@@ -254,3 +254,18 @@ def wanted_by(mem: ModelMemory) -> int:
     """What a model's load would hold, its maximum aside: a contested round's weight
     (``demand.targets``)."""
     return int(max(mem.working_set, mem.need_ewma) * HEADROOM)
+
+
+def lends_to(target: int, fair: int, per_request: float, min_bytes: int) -> int:
+    """How low a donor lends: its target, and below its fair share room for one request more
+    than it uses (up to its share) -- of the largest it ran (``largest_request``, as read two
+    rounds in a row): a request grows as it decodes, and the mean a running one held lent
+    longtail's models below one. Lent down to its one-request working set, longtail's smallest
+    model took two requests that came together one after the other: the second waited 3.1 s for
+    a claim's round trip, 29x its static p99 (0.1 s). A target at the minimum is no use (what it
+    uses is below the minimum): such a donor keeps one request. A model none of whose requests
+    ran yet (two rounds in a row) keeps room for one of the group's largest (``Round.default``):
+    lent down to 1 MiB before its ramp, longtail's second model could start none of its requests
+    (1.125 MiB each) and waited for a claim while its queue grew to 14."""
+    uses = target if target > min_bytes else 0
+    return max(target, min(fair, uses + int(per_request)))

@@ -20,18 +20,19 @@ def small_pair(dwell: int) -> GroupPolicy:
                        hysteresis_bytes=MiB // 2, max_step_bytes=8 * MiB, dwell_rounds=dwell)  # fmt: skip
 
 
-def run(group: GroupPolicy, load: dict[str, int], rounds: int, limits: dict[str, int],
-        memory: Memory | None = None) -> tuple[dict[str, int], Memory, int]:  # fmt: skip
-    """``load``: model -> requests in the engine; each holds 2 MiB, those that do not fit wait,
-    and every running one finishes within the round (another takes its place)."""
+def run(group: GroupPolicy, load: dict[str, int], rounds: int, limits: dict[str, int], memory: Memory | None = None,
+        request: int = 2 * MiB, page: int = 1) -> tuple[dict[str, int], Memory, int]:  # fmt: skip
+    """``load``: model -> requests in the engine; each holds ``request`` bytes (2 MiB), those that
+    do not fit wait, and every running one finishes within the round (another takes its place).
+    Each pool holds its limit in whole ``page``-byte pages (1: any byte)."""
     memory, moves = memory or Memory(), 0
     for _ in range(rounds):
         observed = {}
         for n, want in load.items():
-            running = min(want, limits[n] // (2 * MiB))
+            running = min(want, limits[n] // request)
             seen = memory.models[n].finished_seen or 0 if n in memory.models else 0
-            observed[n] = Observation(limits[n], 2 * MiB * running, want - running, running_requests=running,
-                                      finished_total=seen + running)  # fmt: skip
+            observed[n] = Observation(limits[n], request * running, want - running, running_requests=running,
+                                      page_bytes=page, finished_total=seen + running)  # fmt: skip
         result, memory = plan_demand(group, observed, memory)
         assert isinstance(result, Plan)
         moves += bool(result.grows)

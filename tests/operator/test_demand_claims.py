@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvpool_operator.demand import need, needs_of, plan_demand, targets
+from kvpool_operator.demand import fair_shares, need, needs_of, plan_demand, targets
 from kvpool_operator.demand_memory import PERSIST, SURGE, Memory, ModelMemory
 from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation, Plan
 
@@ -254,5 +254,24 @@ def test_in_a_contested_round_the_deeper_queue_gets_more_memory_and_the_other_ke
     assert limits["c"] >= 16 * MiB
     assert limits["a"] == 2 * MiB
     held, _, moves = run(group, load, 16, limits, memory)
+    assert held == limits
+    assert moves == 0
+
+
+def test_a_claim_of_a_share_between_two_pages_is_the_upper_page() -> None:
+    """Longtail's third model (stop 47, seed 1): 8 MiB among three, shares of 2.67 MiB, pages of
+    0.25 MiB. c queued seven requests at 2.5 MiB beside b's 3 MiB inside b's dwell; its claim of
+    the 0.17 MiB to its share was less than a page, and c waited 9 s. Now the claim is the page
+    that holds the share: b gives it, keeps its own share, and the split holds still."""
+    group = GroupPolicy(8 * MiB, tuple(ModelBudget(n, MiB, 6 * MiB) for n in "abc"),
+                        hysteresis_bytes=MiB // 4, max_step_bytes=4 * MiB, dwell_rounds=8)  # fmt: skip
+    load, page = {"a": 2, "b": 3, "c": 9}, MiB // 4
+    start = {"a": 5 * page * 2, "b": 12 * page, "c": 10 * page}
+    limits, memory, _ = run(group, load, PERSIST + 1, start, request=MiB, page=page)
+    fair = fair_shares(list(group.models), group.budget_bytes)
+    assert limits["c"] == 11 * page > fair["c"]
+    assert limits["b"] == 11 * page > fair["b"]
+    assert limits["a"] == start["a"]
+    held, _, moves = run(group, load, 12, limits, memory, request=MiB, page=page)
     assert held == limits
     assert moves == 0
