@@ -62,14 +62,16 @@ rises with alpha 0.7 and decays with 0.5. A move from a donor is at least one of
 requests (and the hysteresis), or lets it start one it cannot start now (``_buys_a_request``):
 other small ones were fix-ups that a Poisson load undoes; a grant from free budget is at least
 the hysteresis or all the recipient lacks. Moves are whole pages; a claim of a share between two
-is the upper page (``_claim``), one page past its target.
+is the upper page (``_claim``), up to a page past a target.
 
 Objective: the distance of the limits from the targets, sum |limit - target|, plus each model's
 shortfall below its fair share or its target if that is less, sum max(0, min(fair, target) -
-limit): a static split's guarantee first. A move gives at most the recipient's shortfall and
+limit): a static split's guarantee first. A move gives at most the recipient's shortfall (to the
+page holding its share: it leaves no shortfall, and overshoots by less than a page) and
 takes at most the donor's excess over its target -- or, for a claim of a share in a contested
-round, over the donor's share -- so every move lowers it (by the bytes moved at least); a round
-with no such move worth the hysteresis plans nothing.
+round, over the donor's share -- so every move lowers it (by the bytes moved at least), but for
+the part of a page a claim of a share between two rounds up to; a round with no such move worth
+the hysteresis plans nothing.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ from kvpool_operator.demand_memory import (
     lends_to,
     need,
     remember,
+    upper_page,
     wanted_by,
 )
 from kvpool_operator.policy import (
@@ -237,7 +240,7 @@ def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: f
     # a ramp or a burst: its share before the next arrivals, not a queue's bytes per round
     wants = fair if mem.ramp or mem.surge else min(fair, int(holds))
     if wants == fair:  # whole pages: a share between two is the upper one
-        return -((limit - fair) // obs.page_bytes) * obs.page_bytes
+        return upper_page(fair - limit, obs.page_bytes)
     return max(0, wants - limit)
 
 
@@ -246,7 +249,7 @@ class Asks:
     """The recipient of a round, as a donor's ``_room`` weighs it."""
 
     settled: bool  #: past the dwell of its latest shrink, or its load came (``_settled``), or below its minimum
-    claim: int  #: bytes it takes back below its fair share within any dwell (``_claim``)
+    claim: int  #: bytes it takes back below its fair share (to the page holding it) within any dwell (``_claim``)
     burst: bool  #: a burst (``ModelMemory.surge``) in a round whose needs exceed the budget
     share: bool  #: a ramp or a burst: its claim is its whole fair share (``_claim``)
     short_rounds: int
@@ -344,8 +347,9 @@ def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, 
     if none is worth it."""
     name, obs, group = recipient.name, r.observed[recipient.name], r.group
     deficit = min(r.target[name], recipient.max_bytes) - obs.limit_bytes
-    if deficit > 0:  # a claim of its share extends a target within the page above it (``_claim``)
-        deficit = min(max(deficit, min(asks.claim, deficit + obs.page_bytes)), recipient.max_bytes - obs.limit_bytes)
+    if deficit > 0 and obs.limit_bytes + asks.claim >= r.fair[name]:  # a claim of its share: to its page
+        deficit = min(max(deficit, min(asks.claim, upper_page(deficit, obs.page_bytes))),
+                      recipient.max_bytes - obs.limit_bytes)  # fmt: skip
     if deficit < obs.page_bytes:  # the pool would round the grant away
         return None
     wants = deficit if asks.settled else min(deficit, asks.claim)

@@ -233,12 +233,14 @@ def beside_an_idle_loan(
 
 
 def _stands_idle(obs: Observation, fair: int, lacks: int) -> bool:
-    """A pool above its fair share (a loan; so never the claimant's own, below its share) with nothing
-    waiting, that runs nothing (what it preempted then finished) or, nothing preempted, has at least
-    ``lacks`` bytes unused now. Unused, not only above its share: the claim takes from the holder no
-    more than its loan (``demand._room``), and what the surge lends besides comes from a donor whose
-    own load slackened."""
-    if obs.limit_bytes <= fair or obs.waiting_requests > 0:
+    """A pool above the page holding its fair share (a loan; so never the claimant's own, below its
+    share, nor one a third of a page above a share between two pages: claimed back as a loan, that
+    page would go to and fro between two quiet models) with nothing waiting, that runs nothing
+    (what it preempted then finished) or, nothing preempted, has at least ``lacks`` bytes unused
+    now. Unused, not only above its share: the claim takes from the holder no more than its loan
+    (``demand._room``), and what the surge lends besides comes from a donor whose own load
+    slackened."""
+    if obs.limit_bytes <= upper_page(fair, obs.page_bytes) or obs.waiting_requests > 0:
         return False
     if obs.running_requests == 0:  # what it preempted in the round finished (``remember``)
         return True
@@ -269,3 +271,9 @@ def lends_to(target: int, fair: int, per_request: float, min_bytes: int) -> int:
     (1.125 MiB each) and waited for a claim while its queue grew to 14."""
     uses = target if target > min_bytes else 0
     return max(target, min(fair, uses + int(per_request)))
+
+
+def upper_page(size: int, page: int) -> int:
+    """``size`` rounded up to whole ``page``-byte pages: a pool holds whole pages, and the page
+    holding a fair share is as near it as a pool gets (``demand._claim``)."""
+    return -(-size // page) * page

@@ -258,20 +258,41 @@ def test_in_a_contested_round_the_deeper_queue_gets_more_memory_and_the_other_ke
     assert moves == 0
 
 
-def test_a_claim_of_a_share_between_two_pages_is_the_upper_page() -> None:
-    """Longtail's third model (stop 47, seed 1): 8 MiB among three, shares of 2.67 MiB, pages of
-    0.25 MiB. c queued seven requests at 2.5 MiB beside b's 3 MiB inside b's dwell; its claim of
-    the 0.17 MiB to its share was less than a page, and c waited 9 s. Now the claim is the page
-    that holds the share: b gives it, keeps its own share, and the split holds still."""
+def three_in_pages(*loads: int) -> tuple[GroupPolicy, dict[str, int]]:
+    """8 MiB among three models, shares of 2.67 MiB between two pages of 0.25 MiB (longtail's)."""
     group = GroupPolicy(8 * MiB, tuple(ModelBudget(n, MiB, 6 * MiB) for n in "abc"),
                         hysteresis_bytes=MiB // 4, max_step_bytes=4 * MiB, dwell_rounds=8)  # fmt: skip
-    load, page = {"a": 2, "b": 3, "c": 9}, MiB // 4
-    start = {"a": 5 * page * 2, "b": 12 * page, "c": 10 * page}
-    limits, memory, _ = run(group, load, PERSIST + 1, start, request=MiB, page=page)
+    return group, dict(zip("abc", loads, strict=True))
+
+
+def test_a_claim_of_a_share_between_two_pages_is_the_upper_page() -> None:
+    """Longtail's third model (stop 47, seed 1): c queued seven requests at 2.5 MiB, the page below
+    its 2.67-MiB share, beside b's 3 MiB inside b's dwell; its claim of the 0.17 MiB to its share
+    was less than a page, and c waited 9 s. Now the claim is the page that holds the share: b
+    gives it, keeps its own share, and the split holds still."""
+    (group, load), page = three_in_pages(2, 3, 2), MiB // 4
+    limits, memory, _ = run(group, load, 1, {"a": 10 * page, "b": 12 * page, "c": 10 * page}, request=MiB, page=page)
+    memory = replace(memory, models={**memory.models, "b": replace(memory.models["b"], last_grow=memory.round)})
+    limits, memory, _ = run(group, {**load, "c": 9}, PERSIST + 1, limits, memory, request=MiB, page=page)
     fair = fair_shares(list(group.models), group.budget_bytes)
     assert limits["c"] == 11 * page > fair["c"]
     assert limits["b"] == 11 * page > fair["b"]
-    assert limits["a"] == start["a"]
+    assert limits["a"] == 10 * page
+    held, _, moves = run(group, {**load, "c": 9}, 12, limits, memory, request=MiB, page=page)
+    assert held == limits
+    assert moves == 0
+
+
+def test_a_share_claimed_to_its_page_passes_a_target_at_the_share() -> None:
+    """All three queue past the budget, so each target is its share (2.67 MiB) and b's and c's
+    deficits, 0.17 MiB, are less than a page: the claim of the page holding the share carries the
+    move past the target. a, a page above its share, gives one; then no model is a page above
+    its own, and nothing moves -- the third model keeps the page below its share."""
+    (group, load), page = three_in_pages(12, 12, 12), MiB // 4
+    limits, memory, _ = run(group, load, PERSIST + 1, {"a": 12 * page, "b": 10 * page, "c": 10 * page},
+                            request=MiB, page=page)  # fmt: skip
+    assert limits["a"] == 11 * page
+    assert sorted(limits.values()) == [10 * page, 11 * page, 11 * page]
     held, _, moves = run(group, load, 12, limits, memory, request=MiB, page=page)
     assert held == limits
     assert moves == 0

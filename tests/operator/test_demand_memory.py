@@ -1,11 +1,11 @@
 """What the demand policy remembers of a model between rounds: here, what a round's preemptions
-say once the pool runs and queues nothing."""
+say once the pool runs and queues nothing, and which pool stands idle on a loan."""
 
 from __future__ import annotations
 
 from kvpool_operator.demand import plan_demand
-from kvpool_operator.demand_memory import SURGE, Memory, ModelMemory, remember
-from kvpool_operator.policy import Observation, Plan
+from kvpool_operator.demand_memory import SURGE, Memory, ModelMemory, beside_an_idle_loan, remember
+from kvpool_operator.policy import ModelBudget, Observation, Plan
 
 from tests.operator.demand_rounds import MiB, small_pair
 
@@ -46,3 +46,17 @@ def test_a_loan_whose_preempted_requests_finished_stands_idle_for_a_claim() -> N
     assert isinstance(result, Plan)
     assert memory.models["b"].surge
     assert result.limits["b"] == 8 * MiB
+
+
+def test_a_pool_in_the_page_holding_its_share_is_no_loan_to_claim() -> None:
+    """Shares of 2.67 MiB in 0.25-MiB pages: b at 2.75 MiB holds the page with its share, not a
+    loan. c, a page below its share and short one round, is no burst beside it however idle b
+    stands; beside a pool a whole page above its share (3 MiB), it is (counted a loan, that third
+    of a page would go to and fro between two light models, each short a round beside the other)."""
+    page, fair = MiB // 4, {n: 8 * MiB // 3 for n in "bc"}
+    models = [ModelBudget(n, MiB, 6 * MiB) for n in "bc"]
+    c = Observation(10 * page, 10 * page, 1, running_requests=2, page_bytes=page)
+    mems = {n: ModelMemory(short_rounds=1) for n in "bc"}
+    for b_pages, burst in ((11, False), (12, True)):
+        b = Observation(b_pages * page, 0, 0, running_requests=0, page_bytes=page)
+        assert beside_an_idle_loan(models, {"b": b, "c": c}, fair, mems)["c"].surge is burst
