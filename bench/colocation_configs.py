@@ -35,7 +35,7 @@ from kvpool_operator.balance import Balancer, PodRound
 from kvpool_operator.pools import AdminClient, Endpoint
 from kvpool_operator.spec import GroupSpec, parse_group
 
-from bench.servers import free_port, start
+from bench.servers import check_serves, distinct_ports, start
 
 POLICIES = ("static", "free", "proportional", "demand")
 DRAIN = "-drain"  #: a policy's variant whose shrinks never preempt (not in the default run)
@@ -105,13 +105,20 @@ def start_servers(setup: Setup, cfg: Config, models: tuple[str, ...], tmp: Path)
     """Start every model's server at once, each pinned to its core; wait until all answer."""
     import concurrent.futures
 
+    ports = distinct_ports(2 * len(models))
+
     def one(i: int, name: str) -> Running:
-        port, admin_port, core = free_port(), free_port(), core_of(i)
+        port, admin_port, core = ports[2 * i], ports[2 * i + 1], core_of(i)
         cmd = server_cmd(setup, cfg, name, (port, admin_port), len(models), tmp)
         env = {}
         if setup.backend == "host":  # on a GPU the device computes: no core of its own needed
             cmd, env = ["taskset", "-c", str(core), *cmd], {"VLLM_CPU_OMP_THREADS_BIND": str(core)}
         proc = start(cmd, port, tmp / f"{name}-{cfg.name}.log", env)
+        try:
+            check_serves(f"http://127.0.0.1:{port}", name)
+        except Exception:
+            proc.kill()
+            raise
         return Running(proc, Endpoint("127.0.0.1", name, admin_port), f"http://127.0.0.1:{port}")
 
     with concurrent.futures.ThreadPoolExecutor(len(models)) as ex:

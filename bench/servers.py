@@ -15,6 +15,7 @@ Every server runs with ``VLLM_SERVER_DEV_MODE=1`` so that ``/server_info`` retur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -54,6 +55,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def distinct_ports(n: int) -> list[int]:
+    """``n`` free ports, all different: each is held until all are chosen. ``free_port`` twice, or
+    from threads at once, can return the same port -- a longtail run's model b then sent its 29
+    requests to another model's server (HTTP 404: no such model)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
+def check_serves(url: str, name: str) -> None:
+    """Raise unless the server at ``url`` serves ``name`` (a port another server holds answers
+    /health too)."""
+    served = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]
+    if name not in served:
+        raise RuntimeError(f"{url} serves {served}, not {name!r}: its port is another server's")
 
 
 def start(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
