@@ -71,9 +71,11 @@ def distinct_ports(n: int) -> list[int]:
 def check_serves(url: str, name: str) -> None:
     """Raise unless the server at ``url`` serves ``name`` (a port another server holds answers
     /health too)."""
-    served = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]
+    r = httpx.get(f"{url}/v1/models", timeout=10)
+    served: list[str] = [m["id"] for m in r.json()["data"]] if r.status_code == 200 else []
     if name not in served:
-        raise RuntimeError(f"{url} serves {served}, not {name!r}: its port is another server's")
+        what = served or f"no models (HTTP {r.status_code})"
+        raise RuntimeError(f"{url} serves {what}, not {name!r}: its port is another server's")
 
 
 def start(cmd: list[str], port: int, log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

@@ -49,3 +49,5 @@ def test_a_server_on_the_port_that_serves_another_model_is_refused(serving_a: st
     check_serves(serving_a, "a")
     with pytest.raises(RuntimeError, match="serves \\['a'\\], not 'b'"):
         check_serves(serving_a, "b")
+    with pytest.raises(RuntimeError, match="serves no models \\(HTTP 404\\), not 'a'"):
+        check_serves(serving_a + "/elsewhere", "a")  # an admin port, say: no /v1/models
