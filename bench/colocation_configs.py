@@ -102,7 +102,8 @@ def server_cmd(setup: Setup, cfg: Config, name: str, ports: tuple[int, int], n_m
 
 
 def start_servers(setup: Setup, cfg: Config, models: tuple[str, ...], tmp: Path) -> dict[str, Running]:
-    """Start every model's server at once, each pinned to its core; wait until all answer."""
+    """Start every model's server at once, each pinned to its core, on ports chosen together
+    (``distinct_ports``); wait until all answer, each serving its own model (``check_serves``)."""
     import concurrent.futures
 
     ports = distinct_ports(2 * len(models))
@@ -117,7 +118,7 @@ def start_servers(setup: Setup, cfg: Config, models: tuple[str, ...], tmp: Path)
         try:
             check_serves(f"http://127.0.0.1:{port}", name)
         except Exception:
-            proc.kill()
+            proc.kill()  # a server whose port another holds must not outlive the failed start
             raise
         return Running(proc, Endpoint("127.0.0.1", name, admin_port), f"http://127.0.0.1:{port}")
 
