@@ -32,21 +32,22 @@ within a round or two: the dwell separates noise from a change of load.
   within them from a donor whose load is still there -- unless the load has changed: a donor
   that for ``QUIET`` rounds had nothing waiting, its pool at most half used, and finished
   requests at a quarter of its peak rate over the dwell or less (a peak of ``RATE_SIGNAL`` a
-  round; a lighter load must have nothing running) has lost its load (see ``demand_memory.looks_idle``) and gives
+  round; a lighter load must have nothing running) has lost its load (see
+  ``demand_memory.looks_idle``) and gives
   to anyone short; a recipient whose need is ``LEFT`` times its limit has gained one (the
   dwell held both at the phase changes of alternating bursts and handed memory over 3-6 s
   late);
-* a grant above a model's fair share (the budget water-filled by weight up to every maximum, what
-  a static split gives it) is a loan: a model short below its share takes it back within any
-  dwell, its own or the lender's, down to the lender's share (where the needs do not take the
-  whole budget, down to the lender's target if that is more) and up to what its queue needs
-  (``_claim``); it never waits a dwell for a loan of its static share, and a ramp or a burst takes
-  its whole share back at once (where the needs fit, from any donor down to its target and a
-  request). Else a model whose load is still there lends below its share only to one short for
-  ``LOAN`` rounds (lent after two, it recalled the loan at its next spike: a flap) -- or to a
-  burst once its own load slackened for a round or its use fell fourfold, nothing waiting
-  (``ModelMemory.slack``): down to what it holds if it holds a loan or used one over the dwell
-  (the burst that just ended), else down to its need (a light load's gap);
+* a grant above a model's fair share (the budget water-filled by weight up to every maximum, what a
+  static split gives it) is a loan: a model short below its share takes it back within any dwell,
+  its own or the lender's, down to the lender's share (where the needs do not take the whole budget,
+  down to the lender's target if that is more) and up to what its queue needs (``_claim``); it never
+  waits a dwell for a loan of its static share, and a ramp or a burst takes its whole share back at
+  once (where the needs fit, from any donor down to its target and a request; a pool stalled on one
+  request, room for it: ``demand_memory.stall_claim``). Else a model whose load is still there lends
+  below its share only to one short for ``LOAN`` rounds (lent after two, it recalled the loan at its
+  next spike: a flap) -- or to a burst once its own load slackened for a round or its use fell
+  fourfold, nothing waiting (``ModelMemory.slack``): down to what it holds if it holds a loan or
+  used one over the dwell (the burst that just ended), else down to its need (a light load's gap);
 * a model short for one round below its share while another holds more than its own with nothing
   of it waiting, and runs nothing or (nothing preempted) has as much unused as the first lacks
   (``beside_an_idle_loan``), claims its share at once, as a burst does;
@@ -59,10 +60,10 @@ within a round or two: the dwell separates noise from a change of load.
 A spec change that leaves limits above a maximum or over the budget is undone first, by shrinks
 alone (the Balancer applies them before any grant). Fast grow, slower shrink: the need's EWMA
 rises with alpha 0.7 and decays with 0.5. A move from a donor is at least one of the recipient's
-requests (and the hysteresis), or lets it start one it cannot start now (``_buys_a_request``):
-other small ones were fix-ups that a Poisson load undoes; a grant from free budget is at least
-the hysteresis or all the recipient lacks. Moves are whole pages; a claim of a share between two
-is the upper page (``_claim``), up to a page past a target.
+requests (and the hysteresis), or lets it start one it cannot start now
+(``demand_memory.buys_a_request``): other small ones were fix-ups that a Poisson load undoes; a
+grant from free budget is at least the hysteresis or all the recipient lacks. Moves are whole
+pages; a claim of a share between two is the upper page (``_claim``), up to a page past a target.
 
 Objective: the distance of the limits from the targets, sum |limit - target|, plus each model's
 shortfall below its fair share or its target if that is less, sum max(0, min(fair, target) -
@@ -87,9 +88,11 @@ from kvpool_operator.demand_memory import (
     Memory,
     ModelMemory,
     beside_an_idle_loan,
+    buys_a_request,
     lends_to,
     need,
     remember,
+    stall_claim,
     upper_page,
     wanted_by,
 )
@@ -221,21 +224,24 @@ def _settled(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int)
 
 
 def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: float) -> int:
-    """Bytes a model short below its fair share takes back within any dwell: up to its share,
-    or to what it holds and its queue would hold if that is less -- unless it ramps or bursts
-    (``ramp``, ``surge``): then its share (0: no claim). Claiming a queue's bytes a round at a
-    time, a burst spent 3 s below its share and built a queue its phase never drained. A grant
-    above a share is a loan while the others do not need it: held for a dwell against a model
-    short below its share, it kept longtail's second model at 1.25 MiB for 8 s with ten requests
-    waiting. Short of a burst, its queue, not its target, bounds it: a cold model's target still
-    carries its last burst's working set, and one round's queue of two took a hot model's memory
-    down to its share. Its queue is what waits now: a request preempted in the round is back in it
-    (or running again, in what it holds); counted twice, a cold model running one request with one
-    waiting claimed room for three. A claim of its share is in whole pages, up to the page holding
-    the share: a pool holds whole pages, and the 0.17 MiB below a 2.67-MiB share was less than
-    one -- longtail's third model waited 9 s there with 3-8 requests queued (stop 47, seed 1)."""
+    """Bytes a model short below its fair share takes back within any dwell: up to its share, or to
+    what it holds and its queue would hold if that is less -- unless it ramps or bursts (``ramp``,
+    ``surge``): then its share (a stall of one request: its room, ``stall_claim``; 0: no claim).
+    Claiming a queue's bytes a round at a time, a burst spent 3 s below its share and built a queue
+    its phase never drained. A grant above a share is a loan while the others do not need it: held
+    for a dwell against a model short below its share, it kept longtail's second model at 1.25 MiB
+    for 8 s with ten requests waiting. Short of a burst, its queue, not its target, bounds it: a
+    cold model's target still carries its last burst's working set, and one round's queue of two
+    took a hot model's memory down to its share. Its queue is what waits now: a request preempted in
+    the round is back in it (or running again, in what it holds); counted twice, a cold model
+    running one request with one waiting claimed room for three. A claim of its share is in whole
+    pages, up to the page holding the share: a pool holds whole pages, and the 0.17 MiB below a
+    2.67-MiB share was less than one -- longtail's third model waited 9 s there with 3-8 requests
+    queued (stop 47, seed 1)."""
     if limit >= fair or not _short(mem):
         return 0
+    if mem.stall:
+        return stall_claim(limit, fair, obs, max(mem.per_request, default), obs.page_bytes)
     holds = (obs.used_bytes + obs.waiting_requests * (mem.per_request or default)) * HEADROOM
     # a ramp or a burst: its share before the next arrivals, not a queue's bytes per round
     wants = fair if mem.ramp or mem.surge else min(fair, int(holds))
@@ -251,7 +257,7 @@ class Asks:
     settled: bool  #: past the dwell of its latest shrink, or its load came (``_settled``), or below its minimum
     claim: int  #: bytes it takes back below its fair share (to the page holding it) within any dwell (``_claim``)
     burst: bool  #: a burst (``ModelMemory.surge``) in a round whose needs exceed the budget
-    share: bool  #: a ramp or a burst: its claim is its whole fair share (``_claim``)
+    share: bool  #: a ramp or a burst: its claim is its whole fair share, a stall's its request's room (``_claim``)
     short_rounds: int
 
 
@@ -367,7 +373,7 @@ def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, 
     # was refused the last half MiB (less than one request) for three rounds
     restores = 0 < asks.claim <= amount + page
     worth = amount >= max(group.hysteresis_bytes, per) or (
-        amount >= group.hysteresis_bytes and _buys_a_request(obs, amount, per)
+        amount >= group.hysteresis_bytes and buys_a_request(obs, amount, per)
     )
     if amount <= 0 or not (worth or obs.below(recipient.min_bytes) or restores):
         return None
@@ -384,13 +390,3 @@ def _gives(r: Round, m: ModelBudget, recipient: ModelBudget, asks: Asks, deficit
     amount = min(deficit, room, r.group.max_step_bytes) // page * page
     spare = max(0, r.limit(m.name) - max(r.target[m.name], r.fair[m.name]))
     return amount, min(amount, spare), room
-
-
-def _buys_a_request(obs: Observation, amount: int, per: float) -> bool:
-    """The move lets the pool start a request it cannot start now: nothing runs in it (its
-    waiting requests do not fit), or its room after the move holds one request more than now.
-    Less than one request's bytes is worth a move only then: at shares of ~2 requests (8 MiB,
-    three models), a ramping model lent down to 1 MiB ran nothing for 13 s with up to 14 queued,
-    refused 0.75 MiB from a pool of 4.5 above its target because that is less than a request."""
-    room = max(0, obs.limit_bytes - obs.used_bytes)
-    return obs.running_requests == 0 or math.floor((room + amount) / per) > math.floor(room / per)

@@ -7,6 +7,7 @@ observation) -> memory."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -61,6 +62,9 @@ class ModelMemory:
     #: a burst this round: short with a queue of ``SURGE``, or ``starved`` or stalled (or
     #: ``beside_an_idle_loan``)
     surge: bool = False
+    #: a surge of one stalled request alone (``starved`` with less than ``QUEUE`` waiting): it
+    #: claims room for that request, not its share (``stall_claim``)
+    stall: bool = False
     #: short ``PERSIST`` rounds, deep, ``QUEUE`` waiting now, its queue now holding ``LEFT`` x its limit
     ramp: bool = False
     quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
@@ -120,9 +124,9 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     streak = prev.short_rounds + 1 if short else 0
     queue = 0.5 * prev.waiting_ewma + 0.5 * (obs.waiting_requests + obs.preemptions)
     stalled = prev.stalled_rounds + 1 if obs.waiting_requests > 0 and obs.running_requests == 0 else 0
-    surge = short and (
-        obs.waiting_requests + obs.preemptions >= SURGE or starved(obs, largest or default_per_request, stalled)
-    )
+    waiting = obs.waiting_requests + obs.preemptions
+    stuck = starved(obs, largest or default_per_request, stalled)
+    surge = short and (waiting >= SURGE or stuck)
     quiet = prev.quiet_rounds + 1 if idle else 0
     deep = queue >= min(QUEUE, max(1, obs.running_requests))
     # a load that came: judged on the queue now, not on the need, which still carries a burst that
@@ -135,7 +139,8 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     ramp = streak >= PERSIST and deep and queued_now and wanted * HEADROOM >= LEFT * obs.limit_bytes
     return replace(prev, need_ewma=need, recent_used=recent, per_request=per, largest_request=largest,
                    last_reading=reading,
-                   short_rounds=streak, stalled_rounds=stalled, waiting_ewma=queue, deep=deep, surge=surge, ramp=ramp,
+                   short_rounds=streak, stalled_rounds=stalled, waiting_ewma=queue, deep=deep, surge=surge,
+                   stall=surge and waiting < QUEUE, ramp=ramp,
                    quiet_rounds=quiet,
                    slack=holds_little(obs, recent, done) or looks_idle(obs, counted, done, SLACK),
                    finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
@@ -163,9 +168,10 @@ def _finished(prev: ModelMemory, obs: Observation, keep: int) -> tuple[bool, tup
 def starved(obs: Observation, per_request: float, stalled_rounds: int) -> bool:
     """Requests wait and none runs (``stalled_rounds``, this one included), and the room left
     cannot hold one -- or it stalled ``PERSIST`` rounds whatever the room: the pool starts nothing
-    until it grows. Its wait is all loss, so it counts as a burst (claims its fair share at once):
-    a light model lent down to 1 MiB, below one of its 1.125-MiB requests, waited 3 s with one
-    request queued -- a queue of one never reached the depth of a shortage."""
+    until it grows. Its wait is all loss, so it counts as a burst (claims at once: its fair share,
+    or one request's room if only one waits, ``stall_claim``): a light model lent down to 1 MiB,
+    below one of its 1.125-MiB requests, waited 3 s with one request queued -- a queue of one
+    never reached the depth of a shortage."""
     if stalled_rounds == 0:
         return False
     return stalled_rounds >= PERSIST or obs.limit_bytes - obs.used_bytes < per_request
@@ -229,7 +235,7 @@ def beside_an_idle_loan(
               if mems[m.name].short_rounds >= 1 and observed[m.name].limit_bytes < fair[m.name]
               and any(_stands_idle(observed[n.name], fair[n.name], fair[m.name] - observed[m.name].limit_bytes)
                       for n in active)}  # fmt: skip
-    return {n: replace(mem, surge=True) if n in claims else mem for n, mem in mems.items()}
+    return {n: replace(mem, surge=True, stall=False) if n in claims else mem for n, mem in mems.items()}
 
 
 def _stands_idle(obs: Observation, fair: int, lacks: int) -> bool:
@@ -277,3 +283,24 @@ def upper_page(size: int, page: int) -> int:
     """``size`` rounded up to whole ``page``-byte pages: a pool holds whole pages, and the page
     holding a fair share is as near it as a pool gets (``demand._claim``)."""
     return -(-size // page) * page
+
+
+def stall_claim(limit: int, fair: int, obs: Observation, per_request: float, page: int) -> int:
+    """What one stalled request (``ModelMemory.stall``) claims below a fair share of ``fair``:
+    room for it at ``per_request`` bytes (the group's largest read) in whole pages -- or the share
+    where its pool has that room already (the request is longer than any read, or the claim did
+    not start it). Claiming its share, longtail's third model took 1.5 MiB from a model with 8
+    waiting for one request that then held 1 MiB (stop 48, seed 0, 18 s); the lender sat at its
+    share with 13-20 waiting for 17 s."""
+    holds = int((obs.used_bytes + obs.waiting_requests * per_request) * HEADROOM)
+    return upper_page(min(fair, holds if holds > limit else fair) - limit, page)
+
+
+def buys_a_request(obs: Observation, amount: int, per: float) -> bool:
+    """The move lets the pool start a request it cannot start now: nothing runs in it (its
+    waiting requests do not fit), or its room after the move holds one request more than now.
+    Less than one request's bytes is worth a move only then: at shares of ~2 requests (8 MiB,
+    three models), a ramping model lent down to 1 MiB ran nothing for 13 s with up to 14 queued,
+    refused 0.75 MiB from a pool of 4.5 above its target because that is less than a request."""
+    room = max(0, obs.limit_bytes - obs.used_bytes)
+    return obs.running_requests == 0 or math.floor((room + amount) / per) > math.floor(room / per)

@@ -120,6 +120,28 @@ def test_a_pool_whose_one_request_waits_with_none_running_claims_its_share_in_th
     assert seen[1] >= 8 * MiB + 4 * MiB  # room for two of its requests more, from a's loan
 
 
+def test_a_pool_stalled_on_one_request_within_its_dwell_claims_room_for_it_then_its_share() -> None:
+    """b, lent down to 1.5 MiB inside its dwell, cannot start its one waiting 2-MiB request beside
+    a's queue of ten: it claims room for that request in whole pages (2.2 MiB with headroom: 2.25),
+    not its share -- claiming its share, longtail's third model took 1.5 MiB from a model with 8
+    waiting for one request (stop 48, seed 0). Still stalled with that room (the request is
+    longer than any read), it claims its share."""
+    group, page = small_pair(dwell=8), MiB // 4
+    memory = Memory(10, {"a": ModelMemory(per_request=2 * MiB, largest_request=2 * MiB, last_grow=9, finished_seen=50),
+                         "b": ModelMemory(per_request=2 * MiB, largest_request=2 * MiB, last_shrink=9,
+                                          finished_seen=5)})  # fmt: skip
+    limits, seen = {"a": 29 * MiB // 2, "b": 3 * MiB // 2}, []
+    for r in range(2):
+        a = Observation(limits["a"], 14 * MiB, 10, running_requests=7, page_bytes=page, finished_total=57 + 7 * r)
+        b = Observation(limits["b"], 0, 1, page_bytes=page, finished_total=5)
+        result, memory = plan_demand(group, {"a": a, "b": b}, memory)
+        assert isinstance(result, Plan)
+        limits = result.limits
+        seen.append(limits["b"])
+    assert seen == [9 * page, 8 * MiB]
+    assert limits["a"] == 8 * MiB
+
+
 def test_a_cold_model_with_one_waiting_and_one_preempted_claims_room_for_its_queue_not_its_share() -> None:
     """b, lent down to one request's room beside a's burst, runs one request with one waiting,
     then preempts it: a preempted request is back in the queue, not one more. Counted twice, it
