@@ -257,7 +257,8 @@ class Asks:
     settled: bool  #: past the dwell of its latest shrink, or its load came (``_settled``), or below its minimum
     claim: int  #: bytes it takes back below its fair share (to the page holding it) within any dwell (``_claim``)
     burst: bool  #: a burst (``ModelMemory.surge``) in a round whose needs exceed the budget
-    share: bool  #: a ramp or a burst: its claim is its whole fair share, a stall's its request's room (``_claim``)
+    #: a ramp or a burst: its claim is its whole fair share (a stall: its request's room first, ``_claim``)
+    share: bool
     short_rounds: int
 
 
@@ -361,7 +362,8 @@ def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, 
     wants = deficit if asks.settled else min(deficit, asks.claim)
     grant = min(wants, r.free, group.max_step_bytes) // obs.page_bytes * obs.page_bytes
     whole = deficit // obs.page_bytes * obs.page_bytes
-    if grant > 0 and (grant >= group.hysteresis_bytes or grant == whole):
+    # a claim is worth its pages from free budget too (a stall's room can be under the hysteresis)
+    if grant > 0 and (grant >= group.hysteresis_bytes or grant == whole or 0 < asks.claim <= grant):
         return None, name, grant
     gives = {m.name: _gives(r, m, recipient, asks, deficit) for m in r.active if m is not recipient}
     donor = max(gives, key=lambda n: gives[n], default=None)

@@ -62,8 +62,9 @@ class ModelMemory:
     #: a burst this round: short with a queue of ``SURGE``, or ``starved`` or stalled (or
     #: ``beside_an_idle_loan``)
     surge: bool = False
-    #: a surge of one stalled request alone (``starved`` with less than ``QUEUE`` waiting): it
-    #: claims room for that request, not its share (``stall_claim``)
+    #: a surge of one stalled request alone (``starved`` with less than ``QUEUE`` waiting; one
+    #: preempted in the round is the one back in the queue): it claims room for that request, not
+    #: its share (``stall_claim``)
     stall: bool = False
     #: short ``PERSIST`` rounds, deep, ``QUEUE`` waiting now, its queue now holding ``LEFT`` x its limit
     ramp: bool = False
@@ -140,7 +141,7 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     return replace(prev, need_ewma=need, recent_used=recent, per_request=per, largest_request=largest,
                    last_reading=reading,
                    short_rounds=streak, stalled_rounds=stalled, waiting_ewma=queue, deep=deep, surge=surge,
-                   stall=surge and waiting < QUEUE, ramp=ramp,
+                   stall=surge and obs.waiting_requests < QUEUE, ramp=ramp,
                    quiet_rounds=quiet,
                    slack=holds_little(obs, recent, done) or looks_idle(obs, counted, done, SLACK),
                    finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
@@ -286,12 +287,13 @@ def upper_page(size: int, page: int) -> int:
 
 
 def stall_claim(limit: int, fair: int, obs: Observation, per_request: float, page: int) -> int:
-    """What one stalled request (``ModelMemory.stall``) claims below a fair share of ``fair``:
-    room for it at ``per_request`` bytes (the group's largest read) in whole pages -- or the share
-    where its pool has that room already (the request is longer than any read, or the claim did
-    not start it). Claiming its share, longtail's third model took 1.5 MiB from a model with 8
-    waiting for one request that then held 1 MiB (stop 48, seed 0, 18 s); the lender sat at its
-    share with 13-20 waiting for 17 s."""
+    """What one stalled request (``ModelMemory.stall``) claims below a fair share of ``fair``: room for
+    it at ``per_request`` bytes (its own or the group's largest read, ``demand._claim``) in whole
+    pages -- or the share where its pool has that room already (the request is longer than any read,
+    or the claim did not start it). A donor whose own load slackened may still give it more, as to
+    any burst (``demand._room``): that memory is not in use. Claiming its share, longtail's third
+    model took 1.5 MiB from a model with 8 waiting for one request that then held 1 MiB (stop 48,
+    seed 0, 18 s); the lender sat at its share with 13-20 waiting for 17 s."""
     holds = int((obs.used_bytes + obs.waiting_requests * per_request) * HEADROOM)
     return upper_page(min(fair, holds if holds > limit else fair) - limit, page)
 

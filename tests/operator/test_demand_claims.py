@@ -1,6 +1,7 @@
 """The demand policy's claims: a model short below its fair share takes it back -- a ramp or a
-burst its whole share at once, a cold model what its queue needs -- from a loan within any dwell,
-and in a contested round down to the lender's share whatever the lender's target."""
+burst its whole share at once, a pool stalled on one request room for it, a cold model what its
+queue needs -- from a loan within any dwell, and in a contested round down to the lender's share
+whatever the lender's target."""
 
 from __future__ import annotations
 
@@ -89,10 +90,12 @@ def test_a_short_model_takes_its_share_at_once_beside_a_loan_that_stands_idle() 
     assert in_use == limits
 
 
-def test_a_pool_too_small_for_its_one_waiting_request_claims_its_share_at_once() -> None:
-    """b, lent down below one 2-MiB request, gets one and cannot start it: its wait is all loss,
-    so it claims its share in that round as a burst does. A queue of one never reached the depth
-    of a shortage: longtail's smallest model waited 3 s at 1 MiB for one request."""
+def test_a_settled_pool_too_small_for_its_one_waiting_request_takes_its_share_at_once() -> None:
+    """b, below one 2-MiB request, gets one and cannot start it: its wait is all loss, so it is
+    short at once, as a burst is (a queue of one never reached the depth of a shortage: longtail's
+    smallest model waited 3 s at 1 MiB for one request). Past its dwell, and a past the dwell of
+    its grant, it gets its whole share from a's loan (inside a dwell it claims room for the
+    request alone: below)."""
     group = small_pair(dwell=8)
     claimed, _, _ = run(group, {"a": 10, "b": 1}, 1, {"a": 29 * MiB // 2, "b": 3 * MiB // 2})
     assert claimed == {"a": 8 * MiB, "b": 8 * MiB}
@@ -140,6 +143,23 @@ def test_a_pool_stalled_on_one_request_within_its_dwell_claims_room_for_it_then_
         seen.append(limits["b"])
     assert seen == [9 * page, 8 * MiB]
     assert limits["a"] == 8 * MiB
+
+
+def test_a_stalls_claim_under_the_hysteresis_is_granted_from_free_budget() -> None:
+    """b, inside its dwell, stalls on one 2-MiB request at 1.5 MiB beside 8.5 MiB of free budget: its
+    claim, 0.75 MiB, is under the 2-MiB hysteresis and still granted -- the claim is what it needs
+    to start a request, not a fix-up."""
+    group = GroupPolicy(20 * MiB, (ModelBudget("a", MiB, 19 * MiB), ModelBudget("b", MiB, 19 * MiB)),
+                        hysteresis_bytes=2 * MiB, max_step_bytes=8 * MiB, dwell_rounds=8)  # fmt: skip
+    memory = Memory(10, {"a": ModelMemory(per_request=2 * MiB, largest_request=2 * MiB, finished_seen=50),
+                         "b": ModelMemory(per_request=2 * MiB, largest_request=2 * MiB, last_shrink=9,
+                                          finished_seen=5)})  # fmt: skip
+    observed = {"a": Observation(10 * MiB, 10 * MiB, running_requests=5, page_bytes=MiB // 4, finished_total=55),
+                "b": Observation(3 * MiB // 2, 0, 1, page_bytes=MiB // 4, finished_total=5)}  # fmt: skip
+    result, memory = plan_demand(group, observed, memory)
+    assert isinstance(result, Plan)
+    assert memory.models["b"].stall
+    assert result.limits == {"a": 10 * MiB, "b": 9 * MiB // 4}
 
 
 def test_a_cold_model_with_one_waiting_and_one_preempted_claims_room_for_its_queue_not_its_share() -> None:

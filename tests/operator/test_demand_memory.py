@@ -1,5 +1,6 @@
 """What the demand policy remembers of a model between rounds: here, what a round's preemptions
-say once the pool runs and queues nothing, and which pool stands idle on a loan."""
+say once the pool runs and queues nothing, when a stall is of one request, and which pool stands
+idle on a loan."""
 
 from __future__ import annotations
 
@@ -30,6 +31,21 @@ def test_a_pool_that_preempted_a_bursts_tail_and_holds_nothing_now_is_slack_not_
     result, _ = plan_demand(group, {"a": a, "b": gone}, Memory(10, {"a": ModelMemory(finished_seen=34), "b": prev}))
     assert isinstance(result, Plan)
     assert result.limits["b"] <= 4 * MiB  # no claim of its 8-MiB share from a's burst
+
+
+def test_a_request_preempted_back_into_an_empty_pools_queue_is_a_stall_of_one_not_two() -> None:
+    """b preempted its one request and runs nothing, the request back in its queue: a stall of one
+    request (it claims room for it, ``stall_claim``), not a queue of two (its share) -- counted
+    twice, a preempted request was a queue it is not (``demand._claim``). Two waiting are no stall
+    of one."""
+    mib = float(MiB)
+    prev = ModelMemory(per_request=2 * mib, largest_request=2 * mib, finished_seen=5, recent_finished=(1,))
+    one = remember(prev, Observation(MiB, 0, 1, 1, running_requests=0, finished_total=5), 2 * mib, 8)
+    assert one.surge
+    assert one.stall
+    two = remember(prev, Observation(MiB, 0, 2, 0, running_requests=0, finished_total=5), 2 * mib, 8)
+    assert two.surge
+    assert not two.stall
 
 
 def test_a_loan_whose_preempted_requests_finished_stands_idle_for_a_claim() -> None:
