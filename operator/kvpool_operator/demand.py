@@ -29,14 +29,12 @@ within a round or two: the dwell separates noise from a change of load.
   preempted) on average, or as many as it runs (a Poisson spike is not a trend; a small model's
   queue of one or two doubles its waits) -- or short with a burst's queue (``SURGE``) at once;
 * a model that grew keeps its grant for ``dwell_rounds``, one that shrank is not granted again
-  within them from a donor whose load is still there -- unless the load has changed: a donor
-  that for ``QUIET`` rounds had nothing waiting, its pool at most half used, and finished
-  requests at a quarter of its peak rate over the dwell or less (a peak of ``RATE_SIGNAL`` a
-  round; a lighter load must have nothing running) has lost its load (see
-  ``demand_memory.looks_idle``) and gives
-  to anyone short; a recipient whose need is ``LEFT`` times its limit has gained one (the
-  dwell held both at the phase changes of alternating bursts and handed memory over 3-6 s
-  late);
+  within them from a donor whose load is still there -- unless the load has changed: a donor that
+  for ``QUIET`` rounds had nothing waiting, its pool at most half used, and finished requests at a
+  quarter of its peak rate over the dwell or less (a peak of ``RATE_SIGNAL`` a round; a lighter load
+  must have nothing running) has lost its load (see ``demand_memory.looks_idle``) and gives to
+  anyone short; a recipient whose need is ``LEFT`` times its limit has gained one (the dwell held
+  both at the phase changes of alternating bursts and handed memory over 3-6 s late);
 * a grant above a model's fair share (the budget water-filled by weight up to every maximum, what a
   static split gives it) is a loan: a model short below its share takes it back within any dwell,
   its own or the lender's, down to the lender's share (where the needs do not take the whole budget,
@@ -58,12 +56,12 @@ within a round or two: the dwell separates noise from a change of load.
   must not wait for a claim's round trip -- and an idle one keeps room for one, not nothing.
 
 A spec change that leaves limits above a maximum or over the budget is undone first, by shrinks
-alone (the Balancer applies them before any grant). Fast grow, slower shrink: the need's EWMA
-rises with alpha 0.7 and decays with 0.5. A move from a donor is at least one of the recipient's
-requests (and the hysteresis), or lets it start one it cannot start now
-(``demand_memory.buys_a_request``): other small ones were fix-ups that a Poisson load undoes; a
-grant from free budget is at least the hysteresis or all the recipient lacks. Moves are whole
-pages; a claim of a share between two is the upper page (``_claim``), up to a page past a target.
+alone (the Balancer applies them before any grant). Fast grow, slower shrink: the need's EWMA rises
+with alpha 0.7 and decays with 0.5. A move from a donor is at least one of the recipient's requests
+(and the hysteresis), or lets it start one it cannot start now (``demand_memory.buys_a_request``):
+other small ones were fix-ups that a Poisson load undoes; a grant from free budget is at least the
+hysteresis, all the recipient lacks, or its claim. Moves are whole pages; a claim of a share between
+two is the upper page (``_claim``), up to a page past a target.
 
 Objective: the distance of the limits from the targets, sum |limit - target|, plus each model's
 shortfall below its fair share or its target if that is less, sum max(0, min(fair, target) -
