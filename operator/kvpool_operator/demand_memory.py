@@ -115,7 +115,8 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     per, largest, reading = _request_sizes(prev, obs)
     assumed = per or default_per_request
     short = short_of_memory(obs, assumed)
-    wanted = obs.used_bytes + (obs.waiting_requests + obs.preemptions) * assumed if short else obs.used_bytes
+    waiting = obs.waiting_requests + obs.preemptions
+    wanted = obs.used_bytes + waiting * assumed if short else obs.used_bytes
     alpha = RISE if wanted > prev.need_ewma else DECAY
     need = prev.need_ewma + alpha * (wanted - prev.need_ewma)
     keep = max(window, QUIET)
@@ -123,11 +124,9 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     counted, done = _finished(prev, obs, keep)
     idle = looks_idle(obs, counted, done, IDLE)
     streak = prev.short_rounds + 1 if short else 0
-    queue = 0.5 * prev.waiting_ewma + 0.5 * (obs.waiting_requests + obs.preemptions)
+    queue = 0.5 * prev.waiting_ewma + 0.5 * waiting
     stalled = prev.stalled_rounds + 1 if obs.waiting_requests > 0 and obs.running_requests == 0 else 0
-    waiting = obs.waiting_requests + obs.preemptions
-    stuck = starved(obs, largest or default_per_request, stalled)
-    surge = short and (waiting >= SURGE or stuck)
+    surge = short and (waiting >= SURGE or starved(obs, largest or default_per_request, stalled))
     quiet = prev.quiet_rounds + 1 if idle else 0
     deep = queue >= min(QUEUE, max(1, obs.running_requests))
     # a load that came: judged on the queue now, not on the need, which still carries a burst that
@@ -295,7 +294,8 @@ def stall_claim(limit: int, fair: int, obs: Observation, per_request: float, pag
     model took 1.5 MiB from a model with 8 waiting for one request that then held 1 MiB (stop 48,
     seed 0, 18 s); the lender sat at its share with 13-20 waiting for 17 s."""
     holds = int((obs.used_bytes + obs.waiting_requests * per_request) * HEADROOM)
-    return upper_page(min(fair, holds if holds > limit else fair) - limit, page)
+    wants = min(fair, holds) if holds > limit else fair
+    return upper_page(wants - limit, page)
 
 
 def buys_a_request(obs: Observation, amount: int, per: float) -> bool:
