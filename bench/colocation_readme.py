@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.colocation_report import baseline, between, machine_lines
+from bench.colocation_report import baseline, between, head_to_head, machine_lines
 
 HEAD = ("| workload | config | TTFT p50 | TTFT p99 | p99 per seed | e2e p99 | tok/s | preempt (for shrinks) | failed "
         "| resizes/model/min | MiB mapped | worst model p99 vs static |")  # fmt: skip
@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table(data))
     print()
     print("\n".join(data["goals"]))
+    # from the runs, not the JSON's own list: a run before stop 50 has none
+    print(*(line for name, runs in data["runs"].items() for line in head_to_head(name, runs)), sep="\n")
     print(*machine_lines(data["args"]), sep="\n")
 
 

@@ -127,6 +127,44 @@ def goals(name: str, summary: dict[str, dict[str, dict[str, float]]]) -> list[st
     return out
 
 
+RIVALS = ("free", "proportional")  #: what the demand policy is weighed against, seed by seed
+
+
+def head_to_head(name: str, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Seed by seed, the demand policy against each rival of the same tier setting: in how many
+    seeds its p99 TTFT was the lower, and its worst model's (each model's p99 against static's on
+    the same seed). The pooled p99 of two seeds is a handful of requests: from stop 47 to 49 the
+    row's leader swapped from run to run, and a ranking that holds seed by seed says more."""
+    out = []
+    for cfg in ("demand", "demand+tier"):
+        base = baseline(cfg)
+        if name == "steady" or cfg not in runs or base not in runs:
+            continue
+        for rival in (cfg.replace("demand", r) for r in RIVALS):
+            if rival not in runs:
+                continue
+            seeds = list(zip(runs[cfg], runs[rival], runs[base], strict=False))
+            p99 = [tuple(_p99(r) / _p99(s) for r in (ours, theirs)) for ours, theirs, s in seeds]
+            worst = [tuple(_worst(r, s) for r in (ours, theirs)) for ours, theirs, s in seeds]
+            out.append(f"{name}/{cfg} vs {rival}, seed by seed: p99 TTFT the lower in {_wins(p99)}; "
+                       f"worst model the lower in {_wins(worst)} (x static, ours vs theirs)")  # fmt: skip
+    return out
+
+
+def _p99(run: dict[str, Any], model: str | None = None) -> float:
+    return summarize([run], model)["ttft_p99_s"]
+
+
+def _worst(run: dict[str, Any], static: dict[str, Any]) -> float:
+    return max(_p99(run, m) / _p99(static, m) for m in run["final"])
+
+
+def _wins(pairs: list[tuple[float, ...]]) -> str:
+    won = sum(ours < theirs for ours, theirs in pairs)
+    each = ", ".join(f"{ours:.2f} vs {theirs:.2f}" for ours, theirs in pairs)
+    return f"{won} of {len(pairs)} ({each})"
+
+
 def _met(ok: bool) -> str:
     return "met" if ok else "MISSED"
 
@@ -228,13 +266,14 @@ def lateness_line(results: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
 def report(results: dict[str, dict[str, list[dict[str, Any]]]], args: dict[str, Any], out: Path) -> None:
     """``results``: workload -> configuration -> its repeats' runs."""
     out.mkdir(parents=True, exist_ok=True)
-    summaries, pngs, checked = {}, [], []
+    summaries, pngs, checked, rivals = {}, [], [], []
     for name, runs in results.items():
         summaries[name] = summaries_of(runs)
         pngs += plots(name, runs, out)
         print(tables(name, summaries[name]) + "\n")
         checked += goals(name, summaries[name])
-    print("\n".join(checked))
+        rivals += head_to_head(name, runs)
+    print("\n".join(checked + rivals))
     late = lateness_line(results)
     print(*machine_lines(args), late, sep="\n")
     broken = [(w, c, k) for w, runs in results.items() for c, rs in runs.items() for k, r in enumerate(rs)
@@ -242,6 +281,6 @@ def report(results: dict[str, dict[str, list[dict[str, Any]]]], args: dict[str, 
     print(f"integrity after every run: {broken or 'ok'}")
     path = out / "bench_colocation.json"
     data = {"benchmark": "bench_colocation", "args": args, "summary": summaries, "goals": checked,
-            "lateness": late, "plots": pngs, "runs": results}  # fmt: skip
+            "head_to_head": rivals, "lateness": late, "plots": pngs, "runs": results}  # fmt: skip
     path.write_text(json.dumps(data, indent=1))
     print(f"-> {path} {' '.join(pngs)}")

@@ -15,7 +15,7 @@ from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation
 from bench.bench_colocation import PARTIAL, PEAK, RESULTS, parse, workloads
 from bench.colocation_calibrate import Capacity
 from bench.colocation_configs import Config, Setup, configs, core_of, seen, server_cmd
-from bench.colocation_report import goals, summaries_of, summarize, tables
+from bench.colocation_report import goals, head_to_head, summaries_of, summarize, tables
 from bench.colocation_workload import Shape, bursts, longtail, schedule
 
 MiB = 1 << 20
@@ -186,6 +186,19 @@ def test_repeats_are_pooled_and_their_own_ratios_shown_beside() -> None:
     text = tables("bursts", summary)
     assert "0.50-1.00x" in text
     assert "p99 TTFT 1.00x lower than static (repeats: 1.00-1.00x of static)" in goals("bursts", summary)[0]
+
+
+def test_the_demand_policy_is_weighed_against_each_rival_seed_by_seed() -> None:
+    static = [fake_run({"a": [1.0] * 100, "b": [1.0] * 100}) for _ in range(2)]
+    # seed 0: demand's p99 and its worst model (b) the lower; seed 1: proportional's
+    demand = [fake_run({"a": [0.5] * 100, "b": [0.6] * 100}), fake_run({"a": [1.0] * 100, "b": [2.0] * 100})]
+    proportional = [fake_run({"a": [0.8] * 100, "b": [0.8] * 100}), fake_run({"a": [0.5] * 100, "b": [0.5] * 100})]
+    runs = {"static": static, "demand": demand, "proportional": proportional}
+    assert head_to_head("bursts", runs) == [
+        "bursts/demand vs proportional, seed by seed: p99 TTFT the lower in 1 of 2 (0.60 vs 0.80, 2.00 vs 0.50); "
+        "worst model the lower in 1 of 2 (0.60 vs 0.80, 2.00 vs 0.50) (x static, ours vs theirs)"
+    ]  # no free-for-all ran: no line for it
+    assert head_to_head("steady", runs) == []  # steady's goal is flapping, not latency
 
 
 def test_repeats_below_one_are_refused_by_their_flag(capsys: pytest.CaptureFixture[str]) -> None:
