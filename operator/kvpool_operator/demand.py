@@ -46,6 +46,8 @@ within a round or two: the dwell separates noise from a change of load.
   next spike: a flap) -- or to a burst once its own load slackened for a round or its use fell
   fourfold, nothing waiting (``ModelMemory.slack``): down to what it holds if it holds a loan or
   used one over the dwell (the burst that just ended), else down to its need (a light load's gap);
+* at rest (no model wants memory), a loan its holder no longer uses -- nothing waiting, slack two
+  rounds or quiet -- goes home to the model furthest below its share (``demand_home``);
 * a model short for one round below its share while another holds more than its own with nothing
   of it waiting, and runs nothing or (nothing preempted) has as much unused as the first lacks
   (``beside_an_idle_loan``), claims its share at once, as a burst does;
@@ -79,6 +81,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from kvpool_operator.demand_home import home_move
 from kvpool_operator.demand_memory import (
     HEADROOM,
     LEFT,
@@ -332,8 +335,10 @@ def _wanting(r: Round) -> list[ModelBudget]:
 def _one_move(r: Round) -> tuple[str | None, str, int] | None:
     """(donor or None for free budget, recipient, bytes) for the first wanting model that a move
     may serve, or None. The first in line may be held by its dwell while the next could be
-    served: trying only the first starved the others for that dwell."""
-    for recipient in _wanting(r):
+    served: trying only the first starved the others for that dwell. With none wanting, a loan its
+    holder no longer uses goes home (``demand_home``)."""
+    wanting = _wanting(r)
+    for recipient in wanting:
         mem, obs = r.mems[recipient.name], r.observed[recipient.name]
         settled = obs.below(recipient.min_bytes) or _settled(recipient, obs.limit_bytes, mem, r.now,
                                                              r.group.dwell_rounds)  # fmt: skip
@@ -342,7 +347,7 @@ def _one_move(r: Round) -> tuple[str | None, str, int] | None:
         move = _move_to(r, recipient, asks)
         if move is not None:
             return move
-    return None
+    return None if wanting else home_move(r.active, r.observed, r.fair, r.mems, r.default, r.group.hysteresis_bytes)
 
 
 def _move_to(r: Round, recipient: ModelBudget, asks: Asks) -> tuple[str | None, str, int] | None:

@@ -71,6 +71,7 @@ class ModelMemory:
     quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
     #: ``looks_idle`` (all its gates) with a fall to 1/``SLACK`` of its peak, or ``holds_little``
     slack: bool = False
+    slack_rounds: int = 0  #: consecutive rounds ``slack``: two are a load that ebbed, one a Poisson gap
     finished_seen: int | None = None  #: the engine's finished-requests counter last round (None: not yet read)
     recent_finished: tuple[int, ...] = ()  #: requests finished in each of the latest rounds (the dwell)
 
@@ -128,6 +129,7 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     stalled = prev.stalled_rounds + 1 if obs.waiting_requests > 0 and obs.running_requests == 0 else 0
     surge = short and (waiting >= SURGE or starved(obs, largest or default_per_request, stalled))
     quiet = prev.quiet_rounds + 1 if idle else 0
+    slack = holds_little(obs, recent, done) or looks_idle(obs, counted, done, SLACK)
     deep = queue >= min(QUEUE, max(1, obs.running_requests))
     # a load that came: judged on the queue now, not on the need, which still carries a burst that
     # just left (judged on that, a model took a share from the next burst for a round and gave it
@@ -142,7 +144,7 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
                    short_rounds=streak, stalled_rounds=stalled, waiting_ewma=queue, deep=deep, surge=surge,
                    stall=surge and obs.waiting_requests < QUEUE, ramp=ramp,
                    quiet_rounds=quiet,
-                   slack=holds_little(obs, recent, done) or looks_idle(obs, counted, done, SLACK),
+                   slack=slack, slack_rounds=prev.slack_rounds + 1 if slack else 0,
                    finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
 
 
