@@ -6,6 +6,7 @@ model over time with the load; TTFT CDF per configuration)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +145,7 @@ def head_to_head(name: str, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
             if rival not in runs:
                 continue
             seeds = list(zip(runs[cfg], runs[rival], runs[base], strict=False))
-            p99 = [tuple(_p99(r) / _p99(s) for r in (ours, theirs)) for ours, theirs, s in seeds]
+            p99 = [tuple(_ratio(r, s) for r in (ours, theirs)) for ours, theirs, s in seeds]
             worst = [tuple(_worst(r, s) for r in (ours, theirs)) for ours, theirs, s in seeds]
             out.append(f"{name}/{cfg} vs {rival}, seed by seed: p99 TTFT the lower in {_wins(p99)}; "
                        f"worst model the lower in {_wins(worst)} (x static, ours vs theirs)")  # fmt: skip
@@ -152,14 +153,22 @@ def head_to_head(name: str, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
 
 
 def _p99(run: dict[str, Any], model: str | None = None) -> float:
-    return summarize([run], model)["ttft_p99_s"]
+    """From the outcomes alone (a run's JSON of any stop has them); no request served: infinite."""
+    p = pct([o["ttft_s"] for o in run["outcomes"] if o["ok"] and model in (None, o["model"])], 0.99)
+    return p if p == p else math.inf
+
+
+def _ratio(run: dict[str, Any], static: dict[str, Any], model: str | None = None) -> float:
+    base = _p99(static, model)
+    return _p99(run, model) / base if 0 < base < math.inf else math.nan  # nan: no static figure to weigh
 
 
 def _worst(run: dict[str, Any], static: dict[str, Any]) -> float:
-    return max(_p99(run, m) / _p99(static, m) for m in run["final"])
+    return max(_ratio(run, static, m) for m in run["final"])
 
 
 def _wins(pairs: list[tuple[float, ...]]) -> str:
+    """How often ours was the lower (a tie is not; nor a seed without a static figure)."""
     won = sum(ours < theirs for ours, theirs in pairs)
     each = ", ".join(f"{ours:.2f} vs {theirs:.2f}" for ours, theirs in pairs)
     return f"{won} of {len(pairs)} ({each})"

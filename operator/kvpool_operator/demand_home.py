@@ -7,6 +7,13 @@ its ramp's first requests for 2 s -- a round short, then a claim's round trip (s
 17.5 s: its worst request). The proportional policy spreads idle memory evenly every round and
 had served the same arrival at once. Moved only at rest and only a loan, this never moves a
 steady load's memory: at their shares, no model holds one.
+
+Whether the next load is the holder's own or another's cannot be read: a holder whose load comes
+back after its loan went home is short again and borrows again (a load on for four rounds and
+off for two beside an idle model moved memory there and back every six rounds). So a holder sends
+a loan home at most once a dwell (``ModelMemory.last_home``), and only after ``EBBED`` slack
+rounds. Home moves lie outside the demand policy's objective (the distance to the targets, whose
+holder's target still carries its working set): they are a bet on the static split, bounded so.
 """
 
 from __future__ import annotations
@@ -14,45 +21,51 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from kvpool_operator.demand_memory import QUIET, ModelMemory, upper_page
-from kvpool_operator.policy import ModelBudget, Observation
+from kvpool_operator.demand_memory import EBBED, ModelMemory, upper_page
+from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation
 
 
 def spare_loan(limit: int, fair: int, obs: Observation, mem: ModelMemory, per_request: float) -> int:
     """Bytes of a loan (a limit above the fair share) its holder does not use: nothing waits or was
-    preempted, its load left or slackened two rounds in a row (``ModelMemory.quiet``,
-    ``slack_rounds``: one is a Poisson gap -- alternating bursts' busy model ran nothing for a round
-    two seconds before its phase ended); it keeps its share, and room for one request more than it
-    holds now above that."""
-    if limit <= fair or obs.waiting_requests or obs.preemptions or not (mem.quiet or mem.slack_rounds >= QUIET):
+    preempted, its load left or ebbed (``ModelMemory.quiet``, ``EBBED`` rounds ``slack``: one is a
+    Poisson gap -- alternating bursts' busy model ran nothing for a round two seconds before its
+    phase ended). It keeps its share, and room for one request more than it holds now."""
+    if limit <= fair or obs.waiting_requests or obs.preemptions or not (mem.quiet or mem.slack_rounds >= EBBED):
         return 0
     return max(0, limit - max(fair, obs.used_bytes + int(per_request)))
 
 
 def home_move(
+    group: GroupPolicy,
     active: Sequence[ModelBudget],
     observed: Mapping[str, Observation],
     fair: Mapping[str, int],
     mems: Mapping[str, ModelMemory],
     default: float,
-    hysteresis: int,
+    free: int,
+    now: int,
 ) -> tuple[str, str, int] | None:
-    """(holder, model below its share, bytes) for a round in which no model wants memory: the holder
-    with the most spare loan (``spare_loan``) gives it to the model furthest below its share (by
-    weight), up to the page holding that share, in whole pages of both pools. At least one of the
-    recipient's requests or all it lacks, and the hysteresis: less is a resize a Poisson load undoes."""
-    spare = {m.name: spare_loan(observed[m.name].limit_bytes, fair[m.name], observed[m.name], mems[m.name],
-                                mems[m.name].largest_request or default) for m in active}  # fmt: skip
-    holder = max(spare, key=lambda n: spare[n], default=None)
+    """(holder, model below its share, bytes) for a round in which no model wants memory and the
+    budget is all held: to the model furthest below its share (by weight), up to the page holding
+    that share, from the holder with the most spare loan (``spare_loan``) that sent none home
+    within the dwell -- in whole pages of both pools, at most
+    ``max_step``, at least the hysteresis and one of the recipient's requests or all it lacks:
+    less is a resize that a Poisson load undoes."""
     below = [m for m in active if observed[m.name].limit_bytes < fair[m.name]]
-    if holder is None or spare[holder] <= 0 or not below:
-        return None
+    if not below or free >= min(observed[m.name].page_bytes for m in below):
+        return None  # free budget serves the next model that wants memory: a shrink now moves nothing
     home = max(below, key=lambda m: (fair[m.name] - observed[m.name].limit_bytes) * m.weight)
     obs = observed[home.name]
+    lacks = min(upper_page(fair[home.name] - obs.limit_bytes, obs.page_bytes), home.max_bytes - obs.limit_bytes)
+    spares = {m.name: spare_loan(observed[m.name].limit_bytes, fair[m.name], observed[m.name], mems[m.name],
+                                 mems[m.name].largest_request or default)
+              for m in active if now - mems[m.name].last_home > group.dwell_rounds}  # fmt: skip
+    holder = max(spares, key=lambda n: spares[n], default=None)
+    if holder is None:
+        return None
     page = math.lcm(obs.page_bytes, observed[holder].page_bytes)
-    lacks = upper_page(fair[home.name] - obs.limit_bytes, obs.page_bytes)
-    amount = min(spare[holder], lacks, home.max_bytes - obs.limit_bytes) // page * page
+    amount = min(spares[holder], lacks, group.max_step_bytes) // page * page
     per = mems[home.name].per_request or default
-    if amount < hysteresis or (amount < per and amount + page <= lacks):
+    if amount <= 0 or amount < group.hysteresis_bytes or (amount < per and amount + page <= lacks):
         return None
     return holder, home.name, amount

@@ -189,15 +189,16 @@ def test_repeats_are_pooled_and_their_own_ratios_shown_beside() -> None:
 
 
 def test_the_demand_policy_is_weighed_against_each_rival_seed_by_seed() -> None:
-    static = [fake_run({"a": [1.0] * 100, "b": [1.0] * 100}) for _ in range(2)]
-    # seed 0: demand's p99 and its worst model (b) the lower; seed 1: proportional's
-    demand = [fake_run({"a": [0.5] * 100, "b": [0.6] * 100}), fake_run({"a": [1.0] * 100, "b": [2.0] * 100})]
-    proportional = [fake_run({"a": [0.8] * 100, "b": [0.8] * 100}), fake_run({"a": [0.5] * 100, "b": [0.5] * 100})]
+    static = [fake_run({"a": [1.0] * 100, "b": [2.0] * 100}) for _ in range(2)]
+    # seed 0: demand's p99 the lower (1.0 s of static's 2.0 against 1.8), its worst model (a, 0.9x)
+    # tied with proportional's (b, 1.8 of 2.0); seed 1: proportional's both
+    demand = [fake_run({"a": [0.9] * 100, "b": [1.0] * 100}), fake_run({"a": [1.0] * 100, "b": [3.0] * 100})]
+    proportional = [fake_run({"a": [0.5] * 100, "b": [1.8] * 100}), fake_run({"a": [0.6] * 100, "b": [1.0] * 100})]
     runs = {"static": static, "demand": demand, "proportional": proportional}
     assert head_to_head("bursts", runs) == [
-        "bursts/demand vs proportional, seed by seed: p99 TTFT the lower in 1 of 2 (0.60 vs 0.80, 2.00 vs 0.50); "
-        "worst model the lower in 1 of 2 (0.60 vs 0.80, 2.00 vs 0.50) (x static, ours vs theirs)"
-    ]  # no free-for-all ran: no line for it
+        "bursts/demand vs proportional, seed by seed: p99 TTFT the lower in 1 of 2 (0.50 vs 0.90, 1.50 vs 0.50); "
+        "worst model the lower in 0 of 2 (0.90 vs 0.90, 1.50 vs 0.60) (x static, ours vs theirs)"
+    ]  # no free-for-all ran: no line for it; a tie is no win
     assert head_to_head("steady", runs) == []  # steady's goal is flapping, not latency
 
 
