@@ -164,14 +164,16 @@ def _ratio(run: dict[str, Any], static: dict[str, Any], model: str | None = None
 
 
 def _worst(run: dict[str, Any], static: dict[str, Any]) -> float:
-    return max(_ratio(run, static, m) for m in run["final"])
+    """The highest ratio of any model with a static figure (nan if none has one)."""
+    return max((r for m in run["final"] if (r := _ratio(run, static, m)) == r), default=math.nan)
 
 
 def _wins(pairs: list[tuple[float, ...]]) -> str:
-    """How often ours was the lower (a tie is not; nor a seed without a static figure)."""
-    won = sum(ours < theirs for ours, theirs in pairs)
+    """How often ours was the lower, of the seeds with a static figure (a tie is no win)."""
+    weighed = [(ours, theirs) for ours, theirs in pairs if ours == ours and theirs == theirs]
+    won = sum(ours < theirs for ours, theirs in weighed)
     each = ", ".join(f"{ours:.2f} vs {theirs:.2f}" for ours, theirs in pairs)
-    return f"{won} of {len(pairs)} ({each})"
+    return f"{won} of {len(weighed)} ({each})"
 
 
 def _met(ok: bool) -> str:

@@ -20,7 +20,8 @@ share counts only those waiting, ``_claim``):
                           but for a claim of a static share in a contested round (down to the
                           lender's share), so never below its working set unless the budget is
                           contested (where a burst's round also counts only what a slack loan
-                          holder holds, if the needs as read take it)
+                          holder holds, if the needs as read take it) -- or at rest, a loan
+                          its ebbed load no longer uses goes home (``demand_home``)
 
 Against flapping (a steady load must not move memory back and forth) while a burst is served
 within a round or two: the dwell separates noise from a change of load.
@@ -46,8 +47,9 @@ within a round or two: the dwell separates noise from a change of load.
   next spike: a flap) -- or to a burst once its own load slackened for a round or its use fell
   fourfold, nothing waiting (``ModelMemory.slack``): down to what it holds if it holds a loan or
   used one over the dwell (the burst that just ended), else down to its need (a light load's gap);
-* at rest (no model wants memory), a loan its holder no longer uses -- nothing waiting, slack two
-  rounds or quiet -- goes home to the model furthest below its share (``demand_home``);
+* at rest (no model wants memory, none of the budget free), a loan its holder no longer uses --
+  nothing waiting, slack two rounds or quiet -- goes home to the model furthest below its share,
+  a holder's loans at least a dwell and ``HOME_WAIT`` rounds apart (``demand_home``);
 * a model short for one round below its share while another holds more than its own with nothing
   of it waiting, and runs nothing or (nothing preempted) has as much unused as the first lacks
   (``beside_an_idle_loan``), claims its share at once, as a burst does;

@@ -10,10 +10,13 @@ steady load's memory: at their shares, no model holds one.
 
 Whether the next load is the holder's own or another's cannot be read: a holder whose load comes
 back after its loan went home is short again and borrows again (a load on for four rounds and
-off for two beside an idle model moved memory there and back every six rounds). So a holder sends
-a loan home at most once a dwell (``ModelMemory.last_home``), and only after ``EBBED`` slack
-rounds. Home moves lie outside the demand policy's objective (the distance to the targets, whose
-holder's target still carries its working set): they are a bet on the static split, bounded so.
+off for two beside an idle model moved memory there and back every six rounds). So a holder
+sends a loan home at most once a dwell and at least ``HOME_WAIT`` rounds apart
+(``ModelMemory.last_home``; at the spec's default dwell of 3 rounds that load flapped every six),
+and only after ``EBBED`` slack rounds. A loan sent home may cut its holder below its working set
+over the dwell in a round whose needs fit: that memory is what its ebbed load no longer uses.
+Home moves lie outside the demand policy's objective (the distance to the targets, whose holder's
+target still carries its working set): they are a bet on the static split, bounded so.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from collections.abc import Mapping, Sequence
 
 from kvpool_operator.demand_memory import EBBED, ModelMemory, upper_page
 from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation
+
+HOME_WAIT = 8  #: rounds at least between two loans one holder sends home, whatever the dwell
 
 
 def spare_loan(limit: int, fair: int, obs: Observation, mem: ModelMemory, per_request: float) -> int:
@@ -45,21 +50,24 @@ def home_move(
     free: int,
     now: int,
 ) -> tuple[str, str, int] | None:
-    """(holder, model below its share, bytes) for a round in which no model wants memory and the
-    budget is all held: to the model furthest below its share (by weight), up to the page holding
-    that share, from the holder with the most spare loan (``spare_loan``) that sent none home
-    within the dwell -- in whole pages of both pools, at most
+    """(holder, model below its share, bytes) for a round in which no model wants memory and no
+    budget lies free that the recipient would be granted: to the model furthest below its share (by
+    weight), up to the page holding that share, from the holder with the most spare loan
+    (``spare_loan``) that sent none home lately -- in whole pages of both pools, at most
     ``max_step``, at least the hysteresis and one of the recipient's requests or all it lacks:
     less is a resize that a Poisson load undoes."""
     below = [m for m in active if observed[m.name].limit_bytes < fair[m.name]]
-    if not below or free >= min(observed[m.name].page_bytes for m in below):
-        return None  # free budget serves the next model that wants memory: a shrink now moves nothing
+    if not below:
+        return None
     home = max(below, key=lambda m: (fair[m.name] - observed[m.name].limit_bytes) * m.weight)
     obs = observed[home.name]
     lacks = min(upper_page(fair[home.name] - obs.limit_bytes, obs.page_bytes), home.max_bytes - obs.limit_bytes)
+    if free >= max(obs.page_bytes, min(lacks, group.hysteresis_bytes)):
+        return None  # free budget serves the recipient once it wants memory: a shrink now moves nothing
+    wait = max(group.dwell_rounds, HOME_WAIT)
     spares = {m.name: spare_loan(observed[m.name].limit_bytes, fair[m.name], observed[m.name], mems[m.name],
                                  mems[m.name].largest_request or default)
-              for m in active if now - mems[m.name].last_home > group.dwell_rounds}  # fmt: skip
+              for m in active if now - mems[m.name].last_home > wait}  # fmt: skip
     holder = max(spares, key=lambda n: spares[n], default=None)
     if holder is None:
         return None

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from kvpool_operator.demand import fair_shares, plan_demand
-from kvpool_operator.demand_home import home_move, spare_loan
+from kvpool_operator.demand_home import HOME_WAIT, home_move, spare_loan
 from kvpool_operator.demand_memory import Memory, ModelMemory
 from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation, Plan
 
@@ -43,6 +44,8 @@ def test_a_loan_whose_holder_ran_nothing_two_rounds_goes_to_the_model_furthest_b
     assert isinstance(result, Plan)
     assert result.limits == {"a": 11 * MiB // 4, "b": 5 * MiB // 2, "c": 11 * MiB // 4}
     assert (result.shrinks, result.grows) == (("a",), ("b",))
+    a, b = memory.models["a"], memory.models["b"]
+    assert (a.last_home, a.last_shrink, b.last_grow) == (21, -(10**9), -(10**9))  # no dwell stamped
 
 
 def test_a_loan_stays_through_a_single_slack_round() -> None:
@@ -99,10 +102,15 @@ def test_a_loan_goes_home_at_most_max_step_at_a_time_and_not_while_budget_lies_f
     assert memory.models["a"].last_home < 0
 
 
-def test_a_load_that_comes_and_goes_beside_an_idle_model_sends_its_loan_home_once_a_dwell() -> None:
+@pytest.mark.parametrize("dwell", [3, 8])
+def test_a_load_that_comes_and_goes_beside_an_idle_model_sends_its_loan_home_once_in_eight_rounds(
+    dwell: int,
+) -> None:
     """a runs five requests for four rounds and none for two, b idle at 1 MiB: each time a ebbs its
-    loan could go home to b and come back when a's load does -- a flap a dwell (8 rounds) bounds."""
-    group, limits = longtail_group(), {"a": 17 * MiB // 4, "b": MiB, "c": 11 * MiB // 4}
+    loan could go home to b and come back when a's load does -- a flap ``HOME_WAIT`` bounds, at
+    the spec's default dwell (3 rounds) too."""
+    group = replace(longtail_group(), dwell_rounds=dwell)
+    limits = {"a": 17 * MiB // 4, "b": MiB, "c": 11 * MiB // 4}
     memory, moves, finished = Memory(), 0, dict.fromkeys("abc", 0)
     for k in range(36):
         load = {"a": 5 if k % 6 < 4 else 0, "b": 0, "c": 1}
@@ -116,10 +124,12 @@ def test_a_load_that_comes_and_goes_beside_an_idle_model_sends_its_loan_home_onc
         assert isinstance(result, Plan)
         moves += bool(result.grows)
         limits = result.limits
-    assert moves <= 2 * 36 // group.dwell_rounds  # each home move and the grant back, once a dwell at most
+    assert moves <= 2 * 36 // HOME_WAIT  # each home move and the grant back, once in eight rounds at most
 
 
-def test_a_steady_load_at_its_shares_never_sends_memory_home() -> None:
+def test_a_steady_load_keeps_its_loan() -> None:
+    """a holds a loan (40 of its 32-MiB share) and uses 20 MiB of it, steadily, finishing ten
+    requests a round: its load never ebbs, so nothing goes home to b, idle-ish below its share."""
     group = two_models(dwell=3)
-    limits, _, moves = run(group, {"a": 10, "b": 10}, 30, {"a": 32 * MiB, "b": 32 * MiB})
-    assert (limits, moves) == ({"a": 32 * MiB, "b": 32 * MiB}, 0)
+    limits, _, moves = run(group, {"a": 10, "b": 2}, 30, {"a": 40 * MiB, "b": 24 * MiB})
+    assert (limits, moves) == ({"a": 40 * MiB, "b": 24 * MiB}, 0)
