@@ -20,8 +20,7 @@ share counts only those waiting, ``_claim``):
                           but for a claim of a static share in a contested round (down to the
                           lender's share), so never below its working set unless the budget is
                           contested (where a burst's round also counts only what a slack loan
-                          holder holds, if the needs as read take it) -- or at rest, a loan
-                          its ebbed load no longer uses goes home (``demand_home``)
+                          holder holds, if the needs as read take it)
 
 Against flapping (a steady load must not move memory back and forth) while a burst is served
 within a round or two: the dwell separates noise from a change of load.
@@ -47,9 +46,6 @@ within a round or two: the dwell separates noise from a change of load.
   next spike: a flap) -- or to a burst once its own load slackened for a round or its use fell
   fourfold, nothing waiting (``ModelMemory.slack``): down to what it holds if it holds a loan or
   used one over the dwell (the burst that just ended), else down to its need (a light load's gap);
-* at rest (no model wants memory, none of the budget free), a loan its holder no longer uses --
-  nothing waiting, slack two rounds or quiet -- goes home to the model furthest below its share,
-  a holder's loans at least a dwell and ``HOME_WAIT`` rounds apart (``demand_home``);
 * a model short for one round below its share while another holds more than its own with nothing
   of it waiting, and runs nothing or (nothing preempted) has as much unused as the first lacks
   (``beside_an_idle_loan``), claims its share at once, as a burst does;
@@ -74,7 +70,7 @@ page holding its share: it leaves no shortfall, and overshoots by less than a pa
 takes at most the donor's excess over its target -- or, for a claim of a share in a contested
 round, over the donor's share -- so every move lowers it (by the bytes moved at least), but for
 the part of a page a claim of a share between two rounds up to; a round with no such move worth
-the hysteresis plans nothing. A loan sent home at rest (``demand_home``) lies outside it.
+the hysteresis plans nothing.
 """
 
 from __future__ import annotations
@@ -83,9 +79,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from kvpool_operator.demand_home import home_move
 from kvpool_operator.demand_memory import (
     HEADROOM,
+    LEFT,
+    PERSIST,
     Memory,
     ModelMemory,
     beside_an_idle_loan,
@@ -93,11 +90,9 @@ from kvpool_operator.demand_memory import (
     lends_to,
     need,
     remember,
-    settled,
     stall_claim,
     upper_page,
     wanted_by,
-    wants_memory,
 )
 from kvpool_operator.policy import (
     GroupPolicy,
@@ -201,30 +196,29 @@ def plan_demand(
         return Plan(restored, shrinks, ()), Memory(now, mems)
     new = dict(old)
     free = group.budget_bytes - sum(old.values())
-    r = Round(group, active, observed, target, fair, mems, now, free, default, contested)
-    move = _one_move(r)
+    move = _one_move(Round(group, active, observed, target, fair, mems, now, free, default, contested))
     if move is not None:
-        _apply(new, mems, move, now, home=False)
-    elif not _wanting(r) and (home := home_move(group, active, observed, fair, mems, default, free, now)):
-        _apply(new, mems, home, now, home=True)  # at rest (``demand_home``)
+        donor, recipient, amount = move
+        if donor is not None:
+            new[donor] -= amount
+            mems[donor] = replace(mems[donor], last_shrink=now)
+        new[recipient] += amount
+        mems[recipient] = replace(mems[recipient], last_grow=now)
     shrinks = tuple(n for n in new if new[n] < old[n])
     grows = tuple(n for n in new if new[n] > old[n])
     return Plan(new, shrinks, grows), Memory(now, mems)
 
 
-def _apply(new: dict[str, int], mems: dict[str, ModelMemory], move: tuple[str | None, str, int], now: int, *,
-           home: bool) -> None:  # fmt: skip
-    """A move into the limits and memories: a shrink and a grant stamp their dwells; a loan sent
-    home stamps only its holder's ``last_home`` -- a holder whose load comes back is not held off by
-    a shrink's dwell, nor by the recipient's grant."""
-    donor, recipient, amount = move
-    if donor is not None:
-        new[donor] -= amount
-        stamped = replace(mems[donor], last_home=now) if home else replace(mems[donor], last_shrink=now)
-        mems[donor] = stamped
-    new[recipient] += amount
-    if not home:
-        mems[recipient] = replace(mems[recipient], last_grow=now)
+def _short(mem: ModelMemory) -> bool:
+    """Short long enough with a queue deep enough, or a burst: short with a burst's queue, or
+    short below its share beside an idle loan (``beside_an_idle_loan``)."""
+    return (mem.short_rounds >= PERSIST and mem.deep) or mem.surge
+
+
+def _settled(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int) -> bool:
+    """Past the dwell of its latest shrink, or its need is ``LEFT`` times its limit (a load that
+    came): a model that just gave memory away takes it back from a busy one only at a change."""
+    return now - mem.last_shrink > dwell or need(m, mem) >= LEFT * limit
 
 
 def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: float) -> int:
@@ -242,7 +236,7 @@ def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: f
     pages, up to the page holding the share: a pool holds whole pages, and the 0.17 MiB below a
     2.67-MiB share was less than one -- longtail's third model waited 9 s there with 3-8 requests
     queued (stop 47, seed 1)."""
-    if limit >= fair or not wants_memory(mem):
+    if limit >= fair or not _short(mem):
         return 0
     if mem.stall:
         return stall_claim(limit, fair, obs, max(mem.per_request, default), obs.page_bytes)
@@ -258,7 +252,7 @@ def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: f
 class Asks:
     """The recipient of a round, as a donor's ``_room`` weighs it."""
 
-    settled: bool  #: past the dwell of its latest shrink, or its load came (``settled``), or below its minimum
+    settled: bool  #: past the dwell of its latest shrink, or its load came (``_settled``), or below its minimum
     claim: int  #: bytes it takes back below its fair share (to the page holding it) within any dwell (``_claim``)
     burst: bool  #: a burst (``ModelMemory.surge``) in a round whose needs exceed the budget
     #: a ramp or a burst: its claim is its whole fair share (a stall: its request's room first, ``_claim``)
@@ -323,11 +317,11 @@ class Round:
 
 
 def _wanting(r: Round) -> list[ModelBudget]:
-    """Models below their minimum if any, else those short (``wants_memory``) below their targets: those
+    """Models below their minimum if any, else those short (``_short``) below their targets: those
     below their fair share first (an idle donor's memory went to a model above its share while
     longtail's smallest, below its own, waited 3 s), then furthest below its target (by weight)."""
     below = [m for m in r.active if r.observed[m.name].below(m.min_bytes)]
-    short = [m for m in r.active if r.target[m.name] > r.limit(m.name) and wants_memory(r.mems[m.name])]
+    short = [m for m in r.active if r.target[m.name] > r.limit(m.name) and _short(r.mems[m.name])]
 
     def order(m: ModelBudget) -> tuple[bool, float]:
         return r.limit(m.name) < r.fair[m.name], (r.target[m.name] - r.limit(m.name)) * m.weight
@@ -341,9 +335,9 @@ def _one_move(r: Round) -> tuple[str | None, str, int] | None:
     served: trying only the first starved the others for that dwell."""
     for recipient in _wanting(r):
         mem, obs = r.mems[recipient.name], r.observed[recipient.name]
-        calm = obs.below(recipient.min_bytes) or settled(recipient, obs.limit_bytes, mem, r.now,
-                                                          r.group.dwell_rounds)  # fmt: skip
-        asks = Asks(calm, _claim(obs.limit_bytes, r.fair[recipient.name], obs, mem, r.default),
+        settled = obs.below(recipient.min_bytes) or _settled(recipient, obs.limit_bytes, mem, r.now,
+                                                             r.group.dwell_rounds)  # fmt: skip
+        asks = Asks(settled, _claim(obs.limit_bytes, r.fair[recipient.name], obs, mem, r.default),
                     mem.surge and r.contested, mem.ramp or mem.surge, mem.short_rounds)  # fmt: skip
         move = _move_to(r, recipient, asks)
         if move is not None:

@@ -20,7 +20,6 @@ IDLE = 4.0  #: ... finishing at most 1/IDLE of its peak rate over the dwell, at 
 #: hold (a loan's holder; within its share, what its need leaves: ``demand.needs_of``)
 SLACK = 2.0
 PERSIST = 2  #: rounds in a row a model must be short before it is granted memory
-EBBED = 2  #: rounds in a row ``slack``: a load that ebbed (one is a Poisson gap), its loan sent home
 QUEUE = 2.0  #: ... with this many requests waiting on average (EWMA, alpha 0.5), or as many as run
 SURGE = 2 * QUEUE  #: or this many waiting in one round with the pool full: a burst, granted at once
 LEFT = 2.0  #: a need ``LEFT`` times the limit: a load came
@@ -52,7 +51,6 @@ class ModelMemory:
     last_reading: float = 0.0
     last_grow: int = -(10**9)  #: round of the latest grant
     last_shrink: int = -(10**9)  #: round of the latest shrink
-    last_home: int = -(10**9)  #: round it last sent a loan home (``demand_home``): one a dwell
     short_rounds: int = 0  #: consecutive rounds short of memory, this one included
     #: consecutive rounds with requests waiting and none running: ``PERSIST`` of them is starved
     #: whatever the room (a request longer than any seen does not fit room sized by them; a queue
@@ -73,7 +71,6 @@ class ModelMemory:
     quiet_rounds: int = 0  #: consecutive rounds its load looked gone (``QUIET``), this one included
     #: ``looks_idle`` (all its gates) with a fall to 1/``SLACK`` of its peak, or ``holds_little``
     slack: bool = False
-    slack_rounds: int = 0  #: consecutive rounds ``slack`` (``EBBED`` of them: a load that ebbed)
     finished_seen: int | None = None  #: the engine's finished-requests counter last round (None: not yet read)
     recent_finished: tuple[int, ...] = ()  #: requests finished in each of the latest rounds (the dwell)
 
@@ -131,7 +128,6 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
     stalled = prev.stalled_rounds + 1 if obs.waiting_requests > 0 and obs.running_requests == 0 else 0
     surge = short and (waiting >= SURGE or starved(obs, largest or default_per_request, stalled))
     quiet = prev.quiet_rounds + 1 if idle else 0
-    slack = holds_little(obs, recent, done) or looks_idle(obs, counted, done, SLACK)
     deep = queue >= min(QUEUE, max(1, obs.running_requests))
     # a load that came: judged on the queue now, not on the need, which still carries a burst that
     # just left (judged on that, a model took a share from the next burst for a round and gave it
@@ -146,7 +142,7 @@ def remember(prev: ModelMemory, obs: Observation, default_per_request: float, wi
                    short_rounds=streak, stalled_rounds=stalled, waiting_ewma=queue, deep=deep, surge=surge,
                    stall=surge and obs.waiting_requests < QUEUE, ramp=ramp,
                    quiet_rounds=quiet,
-                   slack=slack, slack_rounds=prev.slack_rounds + 1 if slack else 0,
+                   slack=holds_little(obs, recent, done) or looks_idle(obs, counted, done, SLACK),
                    finished_seen=obs.finished_total, recent_finished=done)  # fmt: skip
 
 
@@ -266,18 +262,6 @@ def wanted_by(mem: ModelMemory) -> int:
     """What a model's load would hold, its maximum aside: a contested round's weight
     (``demand.targets``)."""
     return int(max(mem.working_set, mem.need_ewma) * HEADROOM)
-
-
-def wants_memory(mem: ModelMemory) -> bool:
-    """Short long enough with a queue deep enough, or a burst: short with a burst's queue, or
-    short below its share beside an idle loan (``beside_an_idle_loan``)."""
-    return (mem.short_rounds >= PERSIST and mem.deep) or mem.surge
-
-
-def settled(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int) -> bool:
-    """Past the dwell of its latest shrink, or its need is ``LEFT`` times its limit (a load that
-    came): a model that just gave memory away takes it back from a busy one only at a change."""
-    return now - mem.last_shrink > dwell or need(m, mem) >= LEFT * limit
 
 
 def lends_to(target: int, fair: int, per_request: float, min_bytes: int) -> int:
