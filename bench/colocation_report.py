@@ -58,10 +58,19 @@ def summarize(runs: list[dict[str, Any]], model: str | None) -> dict[str, float]
 def spread(runs: dict[str, list[dict[str, Any]]], config: str, model: str | None = None) -> tuple[float, float]:
     """The lowest and highest of the repeats' own p99 TTFT ratios to static (repeat k against
     static's repeat k: the same seed)."""
-    base = runs[baseline(config)]
-    each = [summarize([r], model)["ttft_p99_s"] / summarize([b], model)["ttft_p99_s"]
-            for r, b in zip(runs[config], base, strict=False)]  # fmt: skip
+    each = [_ratio(r, b, model) for r, b in zip(runs[config], runs[baseline(config)], strict=False)]
     return min(each), max(each)
+
+
+def _p99(run: dict[str, Any], model: str | None = None) -> float:
+    """From the outcomes alone (a run's JSON of any stop has them); no request served: infinite."""
+    p = pct([o["ttft_s"] for o in run["outcomes"] if o["ok"] and model in (None, o["model"])], 0.99)
+    return p if p == p else math.inf
+
+
+def _ratio(run: dict[str, Any], static: dict[str, Any], model: str | None = None) -> float:
+    base = _p99(static, model)
+    return _p99(run, model) / base if 0 < base < math.inf else math.nan  # nan: no static figure to weigh
 
 
 def baseline(config: str) -> str:
@@ -150,17 +159,6 @@ def head_to_head(name: str, runs: dict[str, list[dict[str, Any]]]) -> list[str]:
             out.append(f"{name}/{cfg} vs {rival}, seed by seed: p99 TTFT the lower in {_wins(p99)}; "
                        f"worst model the lower in {_wins(worst)} (x static, ours vs theirs)")  # fmt: skip
     return out
-
-
-def _p99(run: dict[str, Any], model: str | None = None) -> float:
-    """From the outcomes alone (a run's JSON of any stop has them); no request served: infinite."""
-    p = pct([o["ttft_s"] for o in run["outcomes"] if o["ok"] and model in (None, o["model"])], 0.99)
-    return p if p == p else math.inf
-
-
-def _ratio(run: dict[str, Any], static: dict[str, Any], model: str | None = None) -> float:
-    base = _p99(static, model)
-    return _p99(run, model) / base if 0 < base < math.inf else math.nan  # nan: no static figure to weigh
 
 
 def _worst(run: dict[str, Any], static: dict[str, Any]) -> float:
