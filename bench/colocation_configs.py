@@ -7,6 +7,8 @@
   (kvcached unmaps pages as their blocks free), so memory goes to whoever maps first.
 * ``proportional``: the operator's previous policy (``spec.rebalance.policy: proportional``).
 * ``demand``: the operator's new policy (``kvpool_operator.demand``, the default).
+* ``spread`` (only when asked for): the proportional split, planned only in a round where memory
+  hurts a model (``kvpool_operator.spread``; an experiment beside the two).
 * ``demand-drain`` (only when asked for): ``demand`` with the servers' ``--preempt-after-s null``
   -- a shrink waits for the donor's running requests to finish instead of preempting them; the
   side-by-side measure of preemption on shrink.
@@ -39,7 +41,8 @@ from bench.servers import check_serves, distinct_ports, start
 
 POLICIES = ("static", "free", "proportional", "demand")
 DRAIN = "-drain"  #: a policy's variant whose shrinks never preempt (not in the default run)
-VARIANTS = ("demand" + DRAIN,)
+VARIANTS = ("demand" + DRAIN, "spread")
+OPERATED = ("proportional", "demand", "spread")  #: the policies the operator's round runs
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,6 @@ def controller(setup: Setup, cfg: Config, eps: dict[str, Endpoint], stop: asynci
                log: list[dict[str, Any]]) -> asyncio.Task[None] | None:  # fmt: skip
     if cfg.policy == "free":
         return asyncio.create_task(release_idle(eps, setup.interval_s, stop))
-    if cfg.policy in ("proportional", "demand"):
+    if cfg.policy in OPERATED:
         return asyncio.create_task(balance(group_spec(setup, cfg, tuple(eps)), eps, stop, t0, log))
     return None

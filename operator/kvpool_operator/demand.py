@@ -82,14 +82,13 @@ from dataclasses import dataclass, replace
 from kvpool_operator.demand_memory import (
     HEADROOM,
     LEFT,
-    PERSIST,
     Memory,
     ModelMemory,
-    beside_an_idle_loan,
     buys_a_request,
+    hurts,
     lends_to,
     need,
-    remember,
+    recall,
     stall_claim,
     upper_page,
     wanted_by,
@@ -101,6 +100,7 @@ from kvpool_operator.policy import (
     Observation,
     Plan,
     check_feasible,
+    fair_shares,
     restore_bounds,
     water_fill,
 )
@@ -164,12 +164,6 @@ def targets(
     return water_fill(floored, {m.name: m.weight * max(1, wanted[m.name]) for m in models}, needs, budget)
 
 
-def fair_shares(models: list[ModelBudget], budget: int) -> dict[str, int]:
-    """What a static split by weight would give each model: minimums first, no one above its
-    maximum (what a capped model cannot take goes to the others)."""
-    return water_fill(models, {m.name: m.weight for m in models}, {m.name: m.max_bytes for m in models}, budget)
-
-
 def plan_demand(
     group: GroupPolicy, observed: Mapping[str, Observation], memory: Memory
 ) -> tuple[Plan | Infeasible, Memory]:
@@ -177,17 +171,11 @@ def plan_demand(
     problem = check_feasible(group, observed)
     if problem is not None:
         return problem, memory
-    now = memory.round + 1
-    seen = [mem.largest_request for mem in memory.models.values() if mem.largest_request > 0]
-    default = max(seen, default=group.budget_bytes / (4 * len(group.models)))
-    window = max(group.dwell_rounds, 1)
-    mems = {m.name: remember(memory.models.get(m.name, ModelMemory()), observed[m.name], default, window)
-            for m in group.models}  # fmt: skip
+    now, mems, default = recall(group, observed, memory)
     old = {m.name: observed[m.name].limit_bytes for m in group.models}
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
     fair = fair_shares(active, group.budget_bytes - pinned)
-    mems = beside_an_idle_loan(active, observed, fair, mems)
     needs, wanted, contested = needs_of(active, mems, group.budget_bytes - pinned, old)
     target = targets(active, needs, wanted, group.budget_bytes - pinned)
     restored = restore_bounds(group, active, old, target)
@@ -207,12 +195,6 @@ def plan_demand(
     shrinks = tuple(n for n in new if new[n] < old[n])
     grows = tuple(n for n in new if new[n] > old[n])
     return Plan(new, shrinks, grows), Memory(now, mems)
-
-
-def _short(mem: ModelMemory) -> bool:
-    """Short long enough with a queue deep enough, or a burst: short with a burst's queue, or
-    short below its share beside an idle loan (``beside_an_idle_loan``)."""
-    return (mem.short_rounds >= PERSIST and mem.deep) or mem.surge
 
 
 def _settled(m: ModelBudget, limit: int, mem: ModelMemory, now: int, dwell: int) -> bool:
@@ -236,7 +218,7 @@ def _claim(limit: int, fair: int, obs: Observation, mem: ModelMemory, default: f
     pages, up to the page holding the share: a pool holds whole pages, and the 0.17 MiB below a
     2.67-MiB share was less than one -- longtail's third model waited 9 s there with 3-8 requests
     queued (stop 47, seed 1)."""
-    if limit >= fair or not _short(mem):
+    if limit >= fair or not hurts(mem):
         return 0
     if mem.stall:
         return stall_claim(limit, fair, obs, max(mem.per_request, default), obs.page_bytes)
@@ -317,11 +299,11 @@ class Round:
 
 
 def _wanting(r: Round) -> list[ModelBudget]:
-    """Models below their minimum if any, else those short (``_short``) below their targets: those
+    """Models below their minimum if any, else those short (``hurts``) below their targets: those
     below their fair share first (an idle donor's memory went to a model above its share while
     longtail's smallest, below its own, waited 3 s), then furthest below its target (by weight)."""
     below = [m for m in r.active if r.observed[m.name].below(m.min_bytes)]
-    short = [m for m in r.active if r.target[m.name] > r.limit(m.name) and _short(r.mems[m.name])]
+    short = [m for m in r.active if r.target[m.name] > r.limit(m.name) and hurts(r.mems[m.name])]
 
     def order(m: ModelBudget) -> tuple[bool, float]:
         return r.limit(m.name) < r.fair[m.name], (r.target[m.name] - r.limit(m.name)) * m.weight

@@ -41,6 +41,7 @@ class Arbitration(Enum):
 
     DEMAND = "demand"  #: kvpool_operator.demand: one move a round, where memory is short (default)
     PROPORTIONAL = "proportional"  #: this module's plan: every limit toward a utilisation share
+    SPREAD = "spread"  #: kvpool_operator.spread: this module's plan, only in a round where memory hurts
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,12 @@ def water_fill(models: Sequence[ModelBudget], weight: Mapping[str, float], cap: 
         if not capped:
             break  # rounding leftovers only
     return target
+
+
+def fair_shares(models: Sequence[ModelBudget], budget: int) -> dict[str, int]:
+    """What a static split by weight would give each model: minimums first, no one above its
+    maximum (what a capped model cannot take goes to the others)."""
+    return water_fill(models, {m.name: m.weight for m in models}, {m.name: m.max_bytes for m in models}, budget)
 
 
 def _fit_budget(new: dict[str, int], old: Mapping[str, int], group: GroupPolicy, pinned: set[str]) -> None:
