@@ -47,7 +47,7 @@ OPERATED = ("proportional", "demand", "spread")  #: the policies the operator's 
 
 @dataclass(frozen=True)
 class Config:
-    policy: str  #: one of POLICIES
+    policy: str  #: one of POLICIES, or a variant (VARIANTS)
     tier: bool
     preempt: bool = True  #: shrinks preempt after the servers' default --preempt-after-s
 

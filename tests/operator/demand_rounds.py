@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-from kvpool_operator.balance import Arbiter
+from typing import TYPE_CHECKING
+
 from kvpool_operator.demand import plan_demand
 from kvpool_operator.demand_memory import Memory
 from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation, Plan
+
+if TYPE_CHECKING:
+    from kvpool_operator.balance import Arbiter
 
 MiB = 1 << 20
 
@@ -22,7 +26,8 @@ def small_pair(dwell: int) -> GroupPolicy:
 
 
 def run(group: GroupPolicy, load: dict[str, int], rounds: int, limits: dict[str, int], memory: Memory | None = None,
-        request: int = 2 * MiB, page: int = 1, arbiter: Arbiter = plan_demand) -> tuple[dict[str, int], Memory, int]:  # fmt: skip
+        request: int = 2 * MiB, page: int = 1,
+        arbiter: Arbiter = plan_demand) -> tuple[dict[str, int], Memory, int]:  # fmt: skip
     """``load``: model -> requests in the engine; each holds ``request`` bytes (2 MiB), those that
     do not fit wait, and every running one finishes within the round (another takes its place).
     Each pool holds its limit in whole ``page``-byte pages (1: any byte); ``arbiter`` plans the rounds."""

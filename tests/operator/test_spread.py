@@ -43,7 +43,9 @@ def test_a_burst_gets_the_proportional_split_in_its_first_round() -> None:
     result, memory = plan_spread(group, observed, Memory())
     assert hurts(memory.models["a"])
     assert result == plan(group, observed)
-    assert isinstance(result, Plan) and result.grows == ("a",) and result.shrinks == ("b",)
+    assert isinstance(result, Plan)
+    assert result.grows == ("a",)
+    assert result.shrinks == ("b",)
 
 
 def test_limits_out_of_bounds_are_put_back_on_a_calm_round() -> None:
@@ -52,7 +54,22 @@ def test_limits_out_of_bounds_are_put_back_on_a_calm_round() -> None:
     observed = {"a": Observation(8 * MiB, 0), "b": Observation(8 * MiB, 0)}  # a above its new maximum
     result, _ = plan_spread(group, observed, Memory())
     assert isinstance(result, Plan)
-    assert result.limits["a"] <= 6 * MiB and "a" in result.shrinks
+    assert result.limits["a"] <= 6 * MiB
+    assert "a" in result.shrinks
+
+
+def test_a_model_at_its_maximum_with_a_steady_queue_moves_nothing() -> None:
+    """Its queue hurts, but the split has nothing to give it: the other model's limit must not
+    follow the split's jitter round after round."""
+    group = GroupPolicy(16 * MiB, (ModelBudget("a", MiB, 12 * MiB), ModelBudget("b", MiB, 15 * MiB)),
+                        hysteresis_bytes=MiB // 2, max_step_bytes=8 * MiB)  # fmt: skip
+    limits, memory, moves = {"a": 12 * MiB, "b": 4 * MiB}, Memory(), 0
+    for i in range(20):
+        limits, memory, moved = run(group, {"a": 9, "b": 1 + i % 2}, 1, limits, memory, arbiter=plan_spread)
+        assert hurts(memory.models["a"]) or i < 1
+        moves += moved
+    assert moves == 0
+    assert limits == {"a": 12 * MiB, "b": 4 * MiB}
 
 
 @settings(max_examples=300, deadline=None)
@@ -71,6 +88,7 @@ def test_the_budget_and_bounds_hold_and_only_a_hurt_round_moves(case: tuple[Grou
             assert abs(new - old) <= group.max_step_bytes
             if not observed[m.name].reachable:
                 assert new == old
-        if result.grows or result.shrinks:
-            assert any(hurts(memory.models[m.name]) for m in group.models if observed[m.name].reachable)
+        in_bounds = all(m.min_bytes <= limits[m.name] <= m.max_bytes for m in group.models)
+        if (result.grows or result.shrinks) and in_bounds:
+            assert any(hurts(memory.models[n]) for n in result.grows)
         limits = result.limits
