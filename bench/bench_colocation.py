@@ -199,7 +199,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--policies",
         default=",".join(POLICIES),
-        help=f"comma-separated, of {', '.join(POLICIES + VARIANTS)} (variants {', '.join(VARIANTS)}: when named)",
+        help=f"comma-separated, of {', '.join(POLICIES + VARIANTS)} (the last: only when named)",
     )
     ap.add_argument("--tier", choices=["both", "off", "on"], default="both", help="CPU tier in the configurations")
     ap.add_argument("--out", type=Path, default=None,

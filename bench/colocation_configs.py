@@ -7,8 +7,6 @@
   (kvcached unmaps pages as their blocks free), so memory goes to whoever maps first.
 * ``proportional``: the operator's previous policy (``spec.rebalance.policy: proportional``).
 * ``demand``: the operator's new policy (``kvpool_operator.demand``, the default).
-* ``spread`` (only when asked for): the proportional split, planned only in a round where memory
-  hurts a model (``kvpool_operator.spread``; an experiment beside the two).
 * ``demand-drain`` (only when asked for): ``demand`` with the servers' ``--preempt-after-s null``
   -- a shrink waits for the donor's running requests to finish instead of preempting them; the
   side-by-side measure of preemption on shrink.
@@ -41,13 +39,13 @@ from bench.servers import check_serves, distinct_ports, start
 
 POLICIES = ("static", "free", "proportional", "demand")
 DRAIN = "-drain"  #: a policy's variant whose shrinks never preempt (not in the default run)
-VARIANTS = ("demand" + DRAIN, "spread")
-OPERATED = ("proportional", "demand", "spread")  #: the policies the operator's round runs
+VARIANTS = ("demand" + DRAIN,)
+OPERATED = ("proportional", "demand")  #: the policies the operator's round runs
 
 
 @dataclass(frozen=True)
 class Config:
-    policy: str  #: one of POLICIES, or a variant (VARIANTS)
+    policy: str  #: one of POLICIES
     tier: bool
     preempt: bool = True  #: shrinks preempt after the servers' default --preempt-after-s
 

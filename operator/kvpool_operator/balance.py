@@ -22,7 +22,6 @@ from kvpool_operator.demand_memory import Memory
 from kvpool_operator.policy import Arbitration, GroupPolicy, Infeasible, Observation, Plan, initial_limits, plan
 from kvpool_operator.pools import AdminAPI, Endpoint, PoolUnreachable
 from kvpool_operator.spec import GroupSpec
-from kvpool_operator.spread import plan_spread
 from kvpool_operator.wire import PoolState
 
 
@@ -70,7 +69,6 @@ Arbiter = Callable[[GroupPolicy, Mapping[str, Observation], Memory], tuple[Plan 
 ARBITERS: dict[Arbitration, Arbiter] = {
     Arbitration.DEMAND: plan_demand,
     Arbitration.PROPORTIONAL: lambda group, observed, memory: (plan(group, observed), memory),
-    Arbitration.SPREAD: plan_spread,
 }
 
 

@@ -123,7 +123,7 @@ def _spec_schema() -> dict[str, Any]:
                     "hysteresisBytes": _BYTES,
                     "maxStepBytes": _BYTES,
                     "minDwellSeconds": {"type": "number", "minimum": 0, "maximum": 86400},
-                    "policy": {"type": "string", "enum": ["demand", "proportional", "spread"]},
+                    "policy": {"type": "string", "enum": ["demand", "proportional"]},
                 },
             },
         },

@@ -41,7 +41,6 @@ class Arbitration(Enum):
 
     DEMAND = "demand"  #: kvpool_operator.demand: one move a round, where memory is short (default)
     PROPORTIONAL = "proportional"  #: this module's plan: every limit toward a utilisation share
-    SPREAD = "spread"  #: kvpool_operator.spread: this module's plan, only in a round where memory hurts
 
 
 @dataclass(frozen=True)

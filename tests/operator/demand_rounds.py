@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from kvpool_operator.demand import plan_demand
 from kvpool_operator.demand_memory import Memory
 from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation, Plan
-
-if TYPE_CHECKING:
-    from kvpool_operator.balance import Arbiter
 
 MiB = 1 << 20
 
@@ -26,11 +21,10 @@ def small_pair(dwell: int) -> GroupPolicy:
 
 
 def run(group: GroupPolicy, load: dict[str, int], rounds: int, limits: dict[str, int], memory: Memory | None = None,
-        request: int = 2 * MiB, page: int = 1,
-        arbiter: Arbiter = plan_demand) -> tuple[dict[str, int], Memory, int]:  # fmt: skip
+        request: int = 2 * MiB, page: int = 1) -> tuple[dict[str, int], Memory, int]:  # fmt: skip
     """``load``: model -> requests in the engine; each holds ``request`` bytes (2 MiB), those that
     do not fit wait, and every running one finishes within the round (another takes its place).
-    Each pool holds its limit in whole ``page``-byte pages (1: any byte); ``arbiter`` plans the rounds."""
+    Each pool holds its limit in whole ``page``-byte pages (1: any byte)."""
     memory, moves = memory or Memory(), 0
     for _ in range(rounds):
         observed = {}
@@ -39,7 +33,7 @@ def run(group: GroupPolicy, load: dict[str, int], rounds: int, limits: dict[str,
             seen = memory.models[n].finished_seen or 0 if n in memory.models else 0
             observed[n] = Observation(limits[n], request * running, want - running, running_requests=running,
                                       page_bytes=page, finished_total=seen + running)  # fmt: skip
-        result, memory = arbiter(group, observed, memory)
+        result, memory = plan_demand(group, observed, memory)
         assert isinstance(result, Plan)
         moves += bool(result.grows)
         limits = result.limits

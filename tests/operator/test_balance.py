@@ -185,14 +185,6 @@ def test_the_policy_is_chosen_by_the_spec_and_its_memory_carries_to_the_next_rou
     assert demand.resizes == []  # full but nobody waits: not short of memory, nothing moves
     assert demand.memory.round == 1
     assert demand.memory.models["a"].working_set > 0
-    spread = parse_group({**_raw(), "rebalance": {**_raw()["rebalance"], "policy": "spread"}})
-    calm = Balancer(admin, wait_s=2, clock=Clock(), sleep=lambda _: None).round(spread, POD, EPS, {}, {})
-    assert calm.resizes == []
-    assert calm.memory.round == 1
-    admin.demand["a"] = DemandStats(4, 8, 0)  # a burst's queue beside a full pool: memory hurts now
-    burst = Balancer(admin, wait_s=2, clock=Clock(), sleep=lambda _: None).round(spread, POD, EPS, {}, {}, calm.memory)
-    assert [z.model for z in burst.resizes] == ["b", "a"]  # the proportional split, shrink first
-    admin.demand["a"] = DemandStats(4, 0, 0)
     moved = Balancer(admin, wait_s=2, clock=Clock(), sleep=lambda _: None).round(proportional, POD, EPS, {}, {})
     assert [z.model for z in moved.resizes] == ["b", "a"]  # utilisation alone moves it
 
