@@ -84,6 +84,7 @@ from kvpool_operator.demand_memory import (
     LEFT,
     Memory,
     ModelMemory,
+    beside_an_idle_loan,
     buys_a_request,
     hurts,
     lends_to,
@@ -176,6 +177,7 @@ def plan_demand(
     active = [m for m in group.models if observed[m.name].reachable]
     pinned = sum(old[m.name] for m in group.models if not observed[m.name].reachable)
     fair = fair_shares(active, group.budget_bytes - pinned)
+    mems = beside_an_idle_loan(active, observed, fair, mems)
     needs, wanted, contested = needs_of(active, mems, group.budget_bytes - pinned, old)
     target = targets(active, needs, wanted, group.budget_bytes - pinned)
     restored = restore_bounds(group, active, old, target)

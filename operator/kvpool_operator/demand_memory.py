@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation, fair_shares
+from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation
 
 RISE, DECAY, HEADROOM = 0.7, 0.5, 1.1
 QUIET = 2  #: rounds in a row that its load looked gone (``idle``): the load left
@@ -107,17 +107,13 @@ def recall(
 ) -> tuple[int, dict[str, ModelMemory], float]:
     """Fold one round's observations into every model's memory: (this round's number, the
     memories, the bytes a request is assumed to hold where none of a model's own has run -- the
-    group's largest seen). A model short below its fair share beside an idle loan is marked a burst
-    (``beside_an_idle_loan``)."""
+    group's largest seen)."""
     seen = [mem.largest_request for mem in memory.models.values() if mem.largest_request > 0]
     default = max(seen, default=group.budget_bytes / (4 * len(group.models)))
     window = max(group.dwell_rounds, 1)
     mems = {m.name: remember(memory.models.get(m.name, ModelMemory()), observed[m.name], default, window)
             for m in group.models}  # fmt: skip
-    active = [m for m in group.models if observed[m.name].reachable]
-    pinned = sum(observed[m.name].limit_bytes for m in group.models if not observed[m.name].reachable)
-    fair = fair_shares(active, group.budget_bytes - pinned)
-    return memory.round + 1, beside_an_idle_loan(active, observed, fair, mems), default
+    return memory.round + 1, mems, default
 
 
 def hurts(mem: ModelMemory) -> bool:
