@@ -36,7 +36,17 @@ import psutil
 from kvpool_operator.pools import Endpoint
 
 from bench.colocation_calibrate import Capacity, calibrate, drift_line, remeasure, saturation_line
-from bench.colocation_configs import POLICIES, VARIANTS, Config, Running, Setup, configs, controller, start_servers
+from bench.colocation_configs import (
+    POLICIES,
+    VARIANTS,
+    Config,
+    Running,
+    Setup,
+    configs,
+    controller,
+    start_servers,
+    variant,
+)
 from bench.colocation_report import report
 from bench.colocation_workload import WORKLOADS, Shape, Workload, bursts, drive, longtail, schedule, steady
 from bench.common import RESULTS
@@ -199,7 +209,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--policies",
         default=",".join(POLICIES),
-        help=f"comma-separated, of {', '.join(POLICIES + VARIANTS)} (the last: only when named)",
+        help=f"comma-separated, of {', '.join(POLICIES)}, or variants of an operated one such as "
+        f"{', '.join(VARIANTS)} (servers that never preempt; the round every 10 s, a 30-s dwell)",
     )
     ap.add_argument("--tier", choices=["both", "off", "on"], default="both", help="CPU tier in the configurations")
     ap.add_argument("--out", type=Path, default=None,
@@ -210,10 +221,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         ap.error(f"--repeats: {args.repeats} must be at least 1")
     if not 0 < args.peak < 1:
         ap.error(f"--peak: {args.peak} must be between 0 and 1 (exclusive)")
-    for flag, got, allowed in (("--policies", args.policies, POLICIES + VARIANTS),
-                               ("--workloads", args.workloads, WORKLOADS)):  # fmt: skip
-        if bad := [x for x in got.split(",") if x not in allowed]:
-            ap.error(f"{flag}: {bad} not among {list(allowed)}")
+    if bad := [x for x in args.workloads.split(",") if x not in WORKLOADS]:
+        ap.error(f"--workloads: {bad} not among {list(WORKLOADS)}")
+    for text in args.policies.split(","):
+        try:
+            variant(text)
+        except ValueError as e:
+            ap.error(f"--policies: {e}")
     full = (args.workloads, args.policies, args.tier, args.repeats, args.peak) == (
         ",".join(WORKLOADS),
         ",".join(POLICIES),

@@ -10,6 +10,9 @@
 * ``demand-drain`` (only when asked for): ``demand`` with the servers' ``--preempt-after-s null``
   -- a shrink waits for the donor's running requests to finish instead of preempting them; the
   side-by-side measure of preemption on shrink.
+* ``demand@10/30`` (only when asked for; either policy, drained or not): the operator's round every
+  10 s with a 30-s dwell instead of the run's ``--interval`` and ``--dwell`` -- the side-by-side
+  measure of the round's cadence (the policy counts in rounds: a grant waits ``PERSIST`` of them).
 
 Both policies run the operator's own round code (``kvpool_operator.balance.Balancer``, shrinks
 first, grants within headroom) over the admin API, without Kubernetes. Each configuration runs
@@ -26,7 +29,7 @@ import contextlib
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -39,7 +42,8 @@ from bench.servers import check_serves, distinct_ports, start
 
 POLICIES = ("static", "free", "proportional", "demand")
 DRAIN = "-drain"  #: a policy's variant whose shrinks never preempt (not in the default run)
-VARIANTS = ("demand" + DRAIN,)
+CADENCE = "@"  #: an operated policy's variant at its own interval and dwell: "demand@10/30"
+VARIANTS = ("demand" + DRAIN, "demand" + CADENCE + "10/30")  #: examples, for --help
 OPERATED = ("proportional", "demand")  #: the policies the operator's round runs
 
 
@@ -48,14 +52,36 @@ class Config:
     policy: str  #: one of POLICIES
     tier: bool
     preempt: bool = True  #: shrinks preempt after the servers' default --preempt-after-s
+    #: the operator's round (interval s, dwell s) where not the run's (``--interval``, ``--dwell``)
+    cadence: tuple[float, float] | None = None
 
     @property
     def name(self) -> str:
-        return self.policy + ("" if self.preempt else DRAIN) + ("+tier" if self.tier else "")
+        at = "" if self.cadence is None else f"{CADENCE}{self.cadence[0]:g}/{self.cadence[1]:g}"
+        return self.policy + ("" if self.preempt else DRAIN) + at + ("+tier" if self.tier else "")
+
+
+def variant(text: str) -> Config:
+    """A ``--policies`` entry as its configuration (tier off): a policy of ``POLICIES``, or an
+    operated one with ``-drain`` and/or ``@INTERVAL/DWELL`` (seconds). ValueError says what to fix."""
+    head, at, cadence = text.partition(CADENCE)
+    policy = head.removesuffix(DRAIN)
+    variant_of = OPERATED if head != policy or at else POLICIES
+    if policy not in variant_of:
+        raise ValueError(f"{text!r}: {policy!r} is not among {list(variant_of)}")
+    if not at:
+        return Config(policy, False, head == policy)
+    try:
+        interval, dwell = (float(x) for x in cadence.split("/"))
+    except ValueError:
+        raise ValueError(f"{text!r}: after {CADENCE!r} give INTERVAL/DWELL in seconds, e.g. {policy}@10/30") from None
+    if not (interval >= 1 and dwell >= 0):  # the CRD's own bounds (``spec.rebalance``)
+        raise ValueError(f"{text!r}: the interval must be at least 1 s and the dwell at least 0 s")
+    return Config(policy, False, head == policy, (interval, dwell))
 
 
 def configs(policies: list[str]) -> list[Config]:
-    return [Config(p.removesuffix(DRAIN), tier, not p.endswith(DRAIN)) for tier in (False, True) for p in policies]
+    return [replace(variant(p), tier=tier) for tier in (False, True) for p in policies]
 
 
 @dataclass(frozen=True)
@@ -130,10 +156,11 @@ def start_servers(setup: Setup, cfg: Config, models: tuple[str, ...], tmp: Path)
 
 def group_spec(setup: Setup, cfg: Config, models: tuple[str, ...]) -> GroupSpec:
     n = len(models)
+    interval, dwell = cfg.cadence or (setup.interval_s, setup.dwell_s)
     return parse_group({
         "gpuMemoryBudgetBytes": setup.budget,
-        "rebalance": {"intervalSeconds": setup.interval_s, "hysteresisBytes": setup.budget // 32,
-                      "maxStepBytes": setup.budget // 2, "policy": cfg.policy, "minDwellSeconds": setup.dwell_s},
+        "rebalance": {"intervalSeconds": interval, "hysteresisBytes": setup.budget // 32,
+                      "maxStepBytes": setup.budget // 2, "policy": cfg.policy, "minDwellSeconds": dwell},
         "models": [{"name": m, "model": setup.model, "minBytes": setup.budget // (3 * n),
                     "maxBytes": setup.budget - (n - 1) * setup.budget // (3 * n)} for m in models],
     })  # fmt: skip

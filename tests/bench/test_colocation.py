@@ -14,7 +14,7 @@ from kvpool_operator.policy import GroupPolicy, ModelBudget, Observation
 
 from bench.bench_colocation import PARTIAL, PEAK, RESULTS, parse, workloads
 from bench.colocation_calibrate import Capacity
-from bench.colocation_configs import Config, Setup, configs, core_of, seen, server_cmd
+from bench.colocation_configs import Config, Setup, configs, core_of, group_spec, seen, server_cmd
 from bench.colocation_report import goals, head_to_head, summaries_of, summarize, tables
 from bench.colocation_workload import Shape, bursts, longtail, schedule
 
@@ -89,6 +89,17 @@ def test_the_drain_variant_runs_the_demand_policy_on_servers_that_never_preempt(
     assert parse(["--policies", "static,demand-drain"]).out == PARTIAL
 
 
+def test_a_cadence_variant_runs_its_policy_at_its_own_interval_and_dwell() -> None:
+    setup = Setup("/m", "host", 16 * MiB, 32 * MiB, 1.0, 8.0)
+    slow, fast = configs(["demand-drain@10/30", "demand"])[:2]
+    assert (slow.name, slow.policy, slow.preempt, slow.cadence) == ("demand-drain@10/30", "demand", False, (10.0, 30.0))
+    assert configs(["demand@2/16"])[1].name == "demand@2/16+tier"
+    for cfg, interval, dwell_rounds in ((slow, 10.0, 3), (fast, 1.0, 8)):
+        group = group_spec(setup, cfg, ("a", "b"))
+        assert (group.interval_s, group.policy.dwell_rounds) == (interval, dwell_rounds)
+    assert parse(["--policies", "static,demand,demand@10/30"]).out == PARTIAL
+
+
 def fake_run(ttfts: dict[str, list[float]], resizes: int = 0) -> dict[str, Any]:
     outcomes = [{"model": m, "ok": True, "ttft_s": t, "latency_s": t + 1, "tokens": 10} for m, ts in ttfts.items()
                 for t in ts]  # fmt: skip
@@ -125,7 +136,12 @@ def test_only_the_full_run_writes_the_results_of_record() -> None:
 def test_an_unknown_policy_is_refused_by_its_flag(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         parse(["--policies", "static,greedy"])
-    assert "--policies: ['greedy'] not among" in capsys.readouterr().err
+    assert "--policies: 'greedy': 'greedy' is not among" in capsys.readouterr().err
+    for bad, says in (("static@2/16", "is not among ['proportional', 'demand']"), ("demand@10", "INTERVAL/DWELL"),
+                      ("demand@0.5/8", "at least 1 s"), ("free-drain", "is not among")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            parse(["--policies", f"static,{bad}"])
+        assert says in capsys.readouterr().err, bad
 
 
 def test_a_machine_whose_speed_moved_within_the_run_is_flagged() -> None:
