@@ -10,7 +10,7 @@
 * ``demand-drain`` (only when asked for): ``demand`` with the servers' ``--preempt-after-s null``
   -- a shrink waits for the donor's running requests to finish instead of preempting them; the
   side-by-side measure of preemption on shrink.
-* ``demand@10/30`` (only when asked for; either policy, drained or not): the operator's round every
+* ``demand@10:30`` (only when asked for; either policy, drained or not): the operator's round every
   10 s with a 30-s dwell instead of the run's ``--interval`` and ``--dwell`` -- the side-by-side
   measure of the round's cadence (the policy counts in rounds: a grant waits ``PERSIST`` of them).
 
@@ -42,8 +42,8 @@ from bench.servers import check_serves, distinct_ports, start
 
 POLICIES = ("static", "free", "proportional", "demand")
 DRAIN = "-drain"  #: a policy's variant whose shrinks never preempt (not in the default run)
-CADENCE = "@"  #: an operated policy's variant at its own interval and dwell: "demand@10/30"
-VARIANTS = ("demand" + DRAIN, "demand" + CADENCE + "10/30")  #: examples, for --help
+CADENCE = "@"  #: an operated policy's variant at its own interval and dwell: "demand@10:30"
+VARIANTS = ("demand" + DRAIN, "demand" + CADENCE + "10:30")  #: examples, for --help
 OPERATED = ("proportional", "demand")  #: the policies the operator's round runs
 
 
@@ -57,13 +57,13 @@ class Config:
 
     @property
     def name(self) -> str:
-        at = "" if self.cadence is None else f"{CADENCE}{self.cadence[0]:g}/{self.cadence[1]:g}"
+        at = "" if self.cadence is None else f"{CADENCE}{self.cadence[0]:g}:{self.cadence[1]:g}"
         return self.policy + ("" if self.preempt else DRAIN) + at + ("+tier" if self.tier else "")
 
 
 def variant(text: str) -> Config:
     """A ``--policies`` entry as its configuration (tier off): a policy of ``POLICIES``, or an
-    operated one with ``-drain`` and/or ``@INTERVAL/DWELL`` (seconds). ValueError says what to fix."""
+    operated one with ``-drain`` and/or ``@INTERVAL:DWELL`` (seconds). ValueError says what to fix."""
     head, at, cadence = text.partition(CADENCE)
     policy = head.removesuffix(DRAIN)
     variant_of = OPERATED if head != policy or at else POLICIES
@@ -72,9 +72,9 @@ def variant(text: str) -> Config:
     if not at:
         return Config(policy, False, head == policy)
     try:
-        interval, dwell = (float(x) for x in cadence.split("/"))
+        interval, dwell = (float(x) for x in cadence.split(":"))
     except ValueError:
-        raise ValueError(f"{text!r}: after {CADENCE!r} give INTERVAL/DWELL in seconds, e.g. {policy}@10/30") from None
+        raise ValueError(f"{text!r}: after {CADENCE!r} give INTERVAL:DWELL in seconds, e.g. {policy}@10:30") from None
     if not (interval >= 1 and dwell >= 0):  # the CRD's own bounds (``spec.rebalance``)
         raise ValueError(f"{text!r}: the interval must be at least 1 s and the dwell at least 0 s")
     return Config(policy, False, head == policy, (interval, dwell))

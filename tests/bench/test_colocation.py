@@ -91,13 +91,13 @@ def test_the_drain_variant_runs_the_demand_policy_on_servers_that_never_preempt(
 
 def test_a_cadence_variant_runs_its_policy_at_its_own_interval_and_dwell() -> None:
     setup = Setup("/m", "host", 16 * MiB, 32 * MiB, 1.0, 8.0)
-    slow, fast = configs(["demand-drain@10/30", "demand"])[:2]
-    assert (slow.name, slow.policy, slow.preempt, slow.cadence) == ("demand-drain@10/30", "demand", False, (10.0, 30.0))
-    assert configs(["demand@2/16"])[1].name == "demand@2/16+tier"
+    slow, fast = configs(["demand-drain@10:30", "demand"])[:2]
+    assert (slow.name, slow.policy, slow.preempt, slow.cadence) == ("demand-drain@10:30", "demand", False, (10.0, 30.0))
+    assert configs(["demand@2:16"])[1].name == "demand@2:16+tier"
     for cfg, interval, dwell_rounds in ((slow, 10.0, 3), (fast, 1.0, 8)):
         group = group_spec(setup, cfg, ("a", "b"))
         assert (group.interval_s, group.policy.dwell_rounds) == (interval, dwell_rounds)
-    assert parse(["--policies", "static,demand,demand@10/30"]).out == PARTIAL
+    assert parse(["--policies", "static,demand,demand@10:30"]).out == PARTIAL
 
 
 def fake_run(ttfts: dict[str, list[float]], resizes: int = 0) -> dict[str, Any]:
@@ -137,8 +137,8 @@ def test_an_unknown_policy_is_refused_by_its_flag(capsys: pytest.CaptureFixture[
     with pytest.raises(SystemExit):
         parse(["--policies", "static,greedy"])
     assert "--policies: 'greedy': 'greedy' is not among" in capsys.readouterr().err
-    for bad, says in (("static@2/16", "is not among ['proportional', 'demand']"), ("demand@10", "INTERVAL/DWELL"),
-                      ("demand@0.5/8", "at least 1 s"), ("free-drain", "is not among")):  # fmt: skip
+    for bad, says in (("static@2:16", "is not among ['proportional', 'demand']"), ("demand@10", "INTERVAL:DWELL"),
+                      ("demand@0.5:8", "at least 1 s"), ("free-drain", "is not among")):  # fmt: skip
         with pytest.raises(SystemExit):
             parse(["--policies", f"static,{bad}"])
         assert says in capsys.readouterr().err, bad
