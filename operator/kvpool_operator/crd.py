@@ -13,7 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpool_operator.spec import MAX_MODELS, MAX_WEIGHT, NAME_RE, QUANTITY_RE
+from kvpool_operator.policy import Arbitration
+from kvpool_operator.spec import (
+    DWELL_ROUNDS,
+    HYSTERESIS_BYTES,
+    INTERVAL_S,
+    MAX_MODELS,
+    MAX_STEP_BYTES,
+    MAX_WEIGHT,
+    NAME_RE,
+    QUANTITY_RE,
+)
 
 GROUP, VERSION, KIND, PLURAL = "kvpool.dev", "v1alpha1", "ColocatedModels", "colocatedmodels"
 
@@ -116,18 +126,32 @@ def _spec_schema() -> dict[str, Any]:
             "gpuMemoryBudgetBytes": {**_BYTES, "description": "GPU memory all the group's KV pools may use"},
             "models": {"type": "array", "minItems": 1, "maxItems": MAX_MODELS, "items": _model_schema()},
             "workload": _workload_schema(),
-            "rebalance": {
-                "type": "object",
-                "properties": {
-                    "intervalSeconds": {"type": "number", "minimum": 1, "maximum": 3600},
-                    "hysteresisBytes": _BYTES,
-                    "maxStepBytes": _BYTES,
-                    "minDwellSeconds": {"type": "number", "minimum": 0, "maximum": 86400},
-                    "policy": {"type": "string", "enum": ["demand", "proportional"]},
-                },
-            },
+            "rebalance": _rebalance_schema(),
         },
     }
+
+
+def _rebalance_schema() -> dict[str, Any]:
+    mib, gib = 1 << 20, 1 << 30
+    return {
+        "type": "object",
+        "description": "how the operator moves memory between the group's models, one round every interval",
+        "properties": {
+            "intervalSeconds": {"type": "number", "minimum": 1, "maximum": 3600,
+                                "description": f"seconds between rounds (default {INTERVAL_S}); the demand policy "
+                                "grants a model short of memory for two rounds in a row, a burst at once"},
+            "hysteresisBytes": {**_BYTES, "description": "the smallest move worth a resize "
+                                f"(default {HYSTERESIS_BYTES // mib}Mi)"},
+            "maxStepBytes": {**_BYTES, "description": f"the most one move gives (default {MAX_STEP_BYTES // gib}Gi)"},
+            "minDwellSeconds": {"type": "number", "minimum": 0, "maximum": 86400,
+                                "description": "demand policy: a grant is held this long unless the load left, and "
+                                "a model keeps the peak of its use over it (default "
+                                f"{DWELL_ROUNDS} intervals)"},
+            "policy": {"type": "string", "enum": [a.value for a in Arbitration],
+                       "description": "demand (default): memory moves only to a model it hurts now; proportional: "
+                       "every limit toward a share by weight x utilisation"},
+        },
+    }  # fmt: skip
 
 
 def build_crd() -> dict[str, Any]:

@@ -41,6 +41,9 @@ from kvpool_operator.policy import Arbitration, GroupPolicy, ModelBudget
 # each model takes ports 8000 + i and 8100 + i; the chart's NetworkPolicy lists the OpenAI ones
 MAX_MODELS = 16
 MAX_WEIGHT = 1_000_000  #: a model's weight is at most this (the policies multiply bytes by it)
+INTERVAL_S = 10  #: spec.rebalance.intervalSeconds by default
+DWELL_ROUNDS = 3  #: spec.rebalance.minDwellSeconds by default, in intervals
+HYSTERESIS_BYTES, MAX_STEP_BYTES = 64 << 20, 1 << 30  #: spec.rebalance's hysteresisBytes and maxStepBytes by default
 
 _UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "K": 10**3, "M": 10**6, "G": 10**9}
 QUANTITY_RE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|K|M|G)?$")
@@ -125,15 +128,15 @@ def parse_group(spec: dict[str, Any]) -> GroupSpec:
     reb = spec.get("rebalance") or {}
     if not isinstance(reb, dict):
         raise SpecError("spec.rebalance: must be an object (intervalSeconds, hysteresisBytes, maxStepBytes, ...)")
-    interval = reb.get("intervalSeconds", 10)
+    interval = reb.get("intervalSeconds", INTERVAL_S)
     if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not 1 <= interval <= 3600:
         raise SpecError(f"spec.rebalance.intervalSeconds: {interval!r} must be a number of seconds in 1..3600")
     policy = GroupPolicy(
         budget_bytes=budget,
         models=tuple(budgets),
-        hysteresis_bytes=quantity(reb.get("hysteresisBytes", 64 << 20), "spec.rebalance.hysteresisBytes"),
-        max_step_bytes=max(1, quantity(reb.get("maxStepBytes", 1 << 30), "spec.rebalance.maxStepBytes")),
-        dwell_rounds=_dwell_rounds(reb.get("minDwellSeconds", 3 * interval), interval),
+        hysteresis_bytes=quantity(reb.get("hysteresisBytes", HYSTERESIS_BYTES), "spec.rebalance.hysteresisBytes"),
+        max_step_bytes=max(1, quantity(reb.get("maxStepBytes", MAX_STEP_BYTES), "spec.rebalance.maxStepBytes")),
+        dwell_rounds=_dwell_rounds(reb.get("minDwellSeconds", DWELL_ROUNDS * interval), interval),
         arbitration=_arbitration(reb.get("policy", Arbitration.DEMAND.value)),
     )
     floor = sum(b.min_bytes for b in budgets)

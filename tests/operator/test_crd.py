@@ -44,6 +44,20 @@ def test_schema_required_fields_and_patterns_match_the_parser() -> None:
         assert quantity(text, "x") > 0
 
 
+def test_every_rebalance_field_says_the_default_the_parser_gives_it() -> None:
+    spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    said = {k: v["description"] for k, v in spec["properties"]["rebalance"]["properties"].items()}
+    group = parse_group({"gpuMemoryBudgetBytes": "40Gi", "models": [{"name": "a", "model": "/m", "minBytes": "1Gi",
+                                                                     "maxBytes": "8Gi"}]})  # fmt: skip
+    shown = {"intervalSeconds": f"{group.interval_s:g}", "hysteresisBytes": f"{group.policy.hysteresis_bytes >> 20}Mi",
+             "maxStepBytes": f"{group.policy.max_step_bytes >> 30}Gi",
+             "minDwellSeconds": f"{group.policy.dwell_rounds} intervals",
+             "policy": group.policy.arbitration.value}  # fmt: skip
+    assert said.keys() == shown.keys()
+    for field, default in shown.items():
+        assert re.search(rf"\bdefault\W+{re.escape(default)}\b|^{re.escape(default)} \(default\)", said[field]), field
+
+
 def test_every_object_in_the_schema_is_structural() -> None:
     def walk(node: dict[str, object], path: str) -> None:
         assert (
