@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 import psutil
 from kvpool_operator.pools import Endpoint
+from kvpool_operator.spec import DWELL_ROUNDS, INTERVAL_S
 
 from bench.colocation_calibrate import Capacity, calibrate, drift_line, remeasure, saturation_line
 from bench.colocation_configs import (
@@ -203,8 +204,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--peak", type=float, default=PEAK,
                     help="the busy model's peak: this fraction of the way from what its static share serves to "
                          "what the whole budget serves (0 < peak < 1)")  # fmt: skip
-    ap.add_argument("--interval", type=float, default=1.0, help="rebalance interval (s)")
-    ap.add_argument("--dwell", type=float, default=8.0, help="demand policy: minimum dwell (s)")
+    ap.add_argument("--interval", type=float, default=float(INTERVAL_S),
+                    help="rebalance interval (s; default: the CRD's, intervalSeconds)")  # fmt: skip
+    ap.add_argument("--dwell", type=float, default=float(INTERVAL_S * DWELL_ROUNDS),
+                    help="demand policy: minimum dwell (s; default: the CRD's, minDwellSeconds)")  # fmt: skip
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}")
     ap.add_argument(
         "--policies",

@@ -38,9 +38,9 @@ def test_a_representative_spec_parses_with_defaults() -> None:
         ("llama", 4 * GiB, 30 * GiB, 2.0),
         ("qwen", 4 * GiB, 30 * GiB, 1.0),
     ]
-    assert (group.interval_s, group.policy.hysteresis_bytes, group.policy.max_step_bytes) == (10.0, 64 * MiB, GiB)
+    assert (group.interval_s, group.policy.hysteresis_bytes, group.policy.max_step_bytes) == (1.0, 64 * MiB, GiB)
     assert group.models[0].model == "/models/llama"
-    assert (group.policy.arbitration, group.policy.dwell_rounds) == (Arbitration.DEMAND, 3)  # 3 intervals
+    assert (group.policy.arbitration, group.policy.dwell_rounds) == (Arbitration.DEMAND, 8)  # 8 intervals
 
 
 def test_the_policy_and_its_dwell_are_chosen_in_the_spec() -> None:
