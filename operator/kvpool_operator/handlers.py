@@ -7,7 +7,7 @@
   start lives in the status, so restarts neither skip nor double rounds), find each pod's servers
   through the per-model Services' EndpointSlices and run a :class:`~kvpool_operator.balance.Balancer`
   round per pod; write per-model status and the Ready / Balanced / Degraded conditions; post an
-  Event for every resize and every failure not already reported by the round before.
+  Event for every resize and every failure the round before did not post.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ FIELD_MANAGER = "kvpool-operator"
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
     logging.getLogger("kopf.objects").addFilter(_QUIET_TICKS)
+    memo.totals = {"rounds": 0}  # each group's memo copies this one, sharing the dict: the probe's count
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.peering.name, settings.peering.mandatory, settings.peering.clusterwide = "kvpool-operator", False, True
     # without these a watch can hang silently on a half-dead connection (kopf #698, #204): the API
@@ -85,7 +86,7 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
 @kopf.on.probe(id="groups")
 def probe(memo: kopf.Memo, **_: Any) -> int:
     """For the liveness endpoint: the operator's loop answers; the value is informational."""
-    return int(getattr(memo, "rounds", 0))
+    return int(memo.get("totals", {}).get("rounds", 0))
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -208,28 +209,34 @@ def balance(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: kopf.Me
         finally:
             client.close()
     metrics.ROUNDS.labels(**labels).inc()
-    memo.rounds = int(getattr(memo, "rounds", 0)) + 1
+    memo.totals["rounds"] += 1  # shared with the probe's memo (a per-group memo is a shallow copy)
     metrics.BUDGET.labels(**labels).set(group.policy.budget_bytes)
     metrics.PODS.labels(**labels).set(len(rounds))
     metrics.DEGRADED.labels(**labels).set(int(degraded(rounds)))
     for z in (z for r in rounds for z in r.resizes):
         metrics.RESIZES.labels(**labels, model=z.model, status=z.status).inc()
-    reported = " ".join(c.get("message", "") for c in status.get("conditions") or [] if c.get("type") == "Degraded")
-    report(body, patch, group, rounds, previous, started_at, reported)
+    memo.warned = report(body, patch, group, rounds, previous, started_at, memo.get("warned", frozenset()))
 
 
 def report(body: kopf.Body, patch: kopf.Patch, group: GroupSpec, rounds: list[PodRound],
-           previous: dict[tuple[str, str], dict[str, Any]], started_at: str, reported: str = "") -> None:  # fmt: skip
-    """Status and Events of a round that started at ``started_at``. A problem the round before
-    reported already (in ``reported``, its Degraded condition's message) posts no second Event: a
-    server down for a minute would post sixty at the default interval."""
+           previous: dict[tuple[str, str], dict[str, Any]], started_at: str,
+           warned: frozenset[str] = frozenset()) -> frozenset[str]:  # fmt: skip
+    """Status and Events of a round that started at ``started_at``; returns the round's warnings. A
+    warning the round before posted (``warned``: the same failed resize, the same problem) posts no
+    second Event: a server down for a minute would post sixty at the default interval."""
+    warnings: set[str] = set()
     for r in rounds:
         for z in r.resizes:
-            kind = "Normal" if z.status in ("applied", "deferred") else "Warning"
-            kopf.event(body, type=kind, reason="Resized" if kind == "Normal" else "ResizeFailed",
-                       message=f"{z.model} on {z.pod}: {z.old_bytes} -> {z.new_bytes} bytes ({z.status})")  # fmt: skip
+            message = f"{z.model} on {z.pod}: {z.old_bytes} -> {z.new_bytes} bytes ({z.status})"
+            if z.status in ("applied", "deferred"):
+                kopf.event(body, type="Normal", reason="Resized", message=message)
+                continue
+            warnings.add(message)
+            if message not in warned:
+                kopf.event(body, type="Warning", reason="ResizeFailed", message=message)
         for problem in r.problems:
-            if problem not in reported:
+            warnings.add(problem)
+            if problem not in warned:
                 kopf.event(body, type="Warning", reason="Degraded", message=problem)
     models = [model_status(r, m.name, previous.get((r.pod, m.name))) for r in rounds for m in group.models]
     ready = bool(rounds) and all(len(r.snapshots) == len(group.models) for r in rounds)
@@ -240,3 +247,4 @@ def report(body: kopf.Body, patch: kopf.Patch, group: GroupSpec, rounds: list[Po
     patch.status["conditions"] = conditions(ready, all(r.balanced for r in rounds) and bool(rounds), is_degraded,
                                             reason, message)  # fmt: skip
     patch.status["balance"] = {"lastRoundTime": started_at, "pods": len(rounds)}
+    return frozenset(warnings)

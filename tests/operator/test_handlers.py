@@ -190,6 +190,11 @@ def test_servers_that_do_not_answer_make_the_group_degraded_and_keep_their_limit
     assert {m["reachable"] for m in status.values()} == {False}
     assert all("lastResize" not in m for m in status.values())  # nothing was moved
     assert wait_for(lambda: [e for e in events(admin, "g4") if e.reason == "Degraded"], what="a Degraded event")
+    rounds = get(admin, "g4")["status"]["balance"]["lastRoundTime"]
+    time.sleep(4)  # four more 1-s rounds, each finding the same servers down
+    assert get(admin, "g4")["status"]["balance"]["lastRoundTime"] > rounds
+    posted = [e.message for e in events(admin, "g4") if e.reason == "Degraded"]
+    assert len(posted) == len(set(posted)), posted  # each problem posted once, not once a round
 
 
 def test_the_operator_runs_with_exactly_the_charts_cluster_role(
