@@ -10,11 +10,13 @@ from typing import Any
 from kubernetes import client as k8s
 from kvpool_operator.crd import GROUP, PLURAL, VERSION
 
-from tests.server.conftest import Server
+from tests.server.conftest import Server, free_port
 
 MiB = 1 << 20
 NS = "kvtest"
-OPERATOR = ["run", "--standalone", "--namespace", NS, "-m", "kvpool_operator.handlers", "--verbose"]
+LIVENESS = f"http://127.0.0.1:{free_port()}/healthz"  #: the operator's probe (kopf.on.probe answers there)
+OPERATOR = ["run", "--standalone", "--namespace", NS, "-m", "kvpool_operator.handlers", "--verbose",
+            "--liveness", LIVENESS]  # fmt: skip
 
 
 def wait_for(check: Callable[[], Any], timeout: float = 60, what: str = "condition") -> Any:

@@ -23,7 +23,7 @@ from kvpool_operator.crd import GROUP, PLURAL, VERSION
 from kvpool_operator.rbac import cluster_role
 
 from tests.k8s.cluster import TOKEN, TOKEN_USER, Cluster
-from tests.operator.kube import NS, OPERATOR, TWO, MiB, create, events, get, group_body, register, wait_for
+from tests.operator.kube import LIVENESS, NS, OPERATOR, TWO, MiB, create, events, get, group_body, register, wait_for
 from tests.server.conftest import TOKEN as ADMIN_TOKEN
 from tests.server.conftest import Server, flood
 
@@ -195,6 +195,7 @@ def test_servers_that_do_not_answer_make_the_group_degraded_and_keep_their_limit
     assert get(admin, "g4")["status"]["balance"]["lastRoundTime"] > rounds
     posted = [e.message for e in events(admin, "g4") if e.reason == "Degraded"]
     assert len(posted) == len(set(posted)), posted  # each problem posted once, not once a round
+    assert httpx.get(LIVENESS).json()["groups"] >= 4  # the probe counts every group's rounds
 
 
 def test_the_operator_runs_with_exactly_the_charts_cluster_role(
