@@ -43,8 +43,6 @@ FIELD_MANAGER = "kvpool-operator"
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
-    logging.getLogger("kopf.objects").addFilter(_QUIET_TICKS)
-    memo.totals = {"rounds": 0}  # each group's memo copies this one, sharing the dict: the probe's count
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
     settings.peering.name, settings.peering.mandatory, settings.peering.clusterwide = "kvpool-operator", False, True
     # without these a watch can hang silently on a half-dead connection (kopf #698, #204): the API
@@ -58,6 +56,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     except k8s_config.ConfigException:
         k8s_config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # read now, not at import
     memo.api = k8s.ApiClient()
+    memo.totals = {"rounds": 0}  # each group's memo copies this one, sharing the dict: the probe's count
+    logging.getLogger("kopf.objects").addFilter(_QUIET_TICKS)
     memo.dynamic = DynamicClient(memo.api)
 
 
@@ -162,12 +162,12 @@ def due(status: Any, interval_s: float, last_start: float | None, now_s: float) 
     says (``balance.lastRoundTime``, whole seconds). The status a timer is handed can be a round
     old: read alone, a tick before the patch came back would start a second round at once."""
     if last_start is not None:
-        return now_s - last_start >= interval_s - TICK_S / 2
-    last = (status.get("balance") or {}).get("lastRoundTime")
-    if not last:
+        elapsed = now_s - last_start
+    elif last := (status.get("balance") or {}).get("lastRoundTime"):
+        elapsed = (dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(last.replace("Z", "+00:00"))).total_seconds()
+    else:
         return True
-    elapsed = dt.datetime.now(dt.UTC) - dt.datetime.fromisoformat(last.replace("Z", "+00:00"))
-    return elapsed.total_seconds() >= interval_s - TICK_S / 2
+    return elapsed >= interval_s - TICK_S / 2
 
 
 class _QuietTicks(logging.Filter):
@@ -220,7 +220,7 @@ def balance(body: kopf.Body, spec: kopf.Spec, status: kopf.Status, memo: kopf.Me
 
 def report(body: kopf.Body, patch: kopf.Patch, group: GroupSpec, rounds: list[PodRound],
            previous: dict[tuple[str, str], dict[str, Any]], started_at: str,
-           warned: frozenset[str] = frozenset()) -> frozenset[str]:  # fmt: skip
+           warned: frozenset[str]) -> frozenset[str]:  # fmt: skip
     """Status and Events of a round that started at ``started_at``; returns the round's warnings. A
     warning the round before posted (``warned``: the same failed resize, the same problem) posts no
     second Event: a server down for a minute would post sixty at the default interval."""
