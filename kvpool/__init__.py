@@ -1,6 +1,6 @@
 """kvpool: an elastic, VMM-backed KV-cache pool with a uniform cross-layer layout.
 
-Public API (``server`` and ``operator`` import only these names)::
+Public API (``server`` imports only these names; ``operator`` none of kvpool)::
 
     PoolConfig, ModelShape, KVLayout, Geometry      -- what a pool looks like
     KVPool, Allocation, ResizeResult, TrimResult    -- the pool itself

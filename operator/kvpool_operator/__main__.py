@@ -1,6 +1,6 @@
 """``python -m kvpool_operator``: run the controller (kopf) over every namespace or one.
 
-python -m kvpool_operator [--namespace NS] [--standalone] [--liveness http://0.0.0.0:8080/healthz]
+python -m kvpool_operator [--namespace NS] [--standalone] [--liveness http://0.0.0.0:8081/healthz]
     [--metrics-port 8080] [--metrics-address 0.0.0.0]
 """
 

@@ -8,7 +8,7 @@
 
 Errors are OpenAI-shaped: 400 for a body without a usable ``model``, 404 for a model the group
 does not serve (naming those it does), 503 with ``Retry-After`` for a model that is not ready,
-401 for a wrong API key (``--api-key``) or admin token."""
+401 for a wrong API key (``--api-key``) or a missing admin token, 403 for a wrong admin token."""
 
 from __future__ import annotations
 
