@@ -228,8 +228,8 @@ def looks_idle(obs: Observation, counted: bool, done: tuple[int, ...], fall: flo
     running, finishing 0-2 a round at its peak, was called idle and lent down to its working set
     -- its next four requests waited 2 s. So a fall counts only from a peak of ``RATE_SIGNAL``
     finished in a round; below it, a model with requests running is not idle -- the price: such a
-    light load (under 0.8 requests/s with 10-s rounds; 8/s at the default 1-s round) lends only once its last request
-    ended. A counter not yet read (or reset by a restart) is no sign either."""
+    light load (under 8 requests/s at the default 1-s round; 0.8/s with 10-s rounds) lends only
+    once its last request ended. A counter not yet read (or reset by a restart) is no sign either."""
     if obs.waiting_requests + obs.preemptions > 0 or LEFT * obs.used_bytes > obs.limit_bytes or not counted:
         return False
     if obs.running_requests > 0 and max(done) < RATE_SIGNAL:
